@@ -1,0 +1,22 @@
+"""`dflash-mlx` entry point: one small module per command."""
+
+import typer
+
+app = typer.Typer(
+    name="dflash-mlx",
+    help="DFlash speculative decoding on MLX: lossless and fast.",
+    no_args_is_help=True,
+    add_completion=False,
+)
+
+
+@app.command()
+def version():
+    """Print the installed version."""
+    from dflash_mlx import __version__
+
+    typer.echo(__version__)
+
+
+if __name__ == "__main__":
+    app()

@@ -1,0 +1,51 @@
+"""Target + drafter caches that persist across calls (multi-turn chat reuse)."""
+
+from typing import Optional, Sequence
+
+from .target import Target
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+class PromptCache:
+    """KV/recurrent caches of a target and its drafter, and the token ids they hold.
+
+    Both caches always cover the same tokens: every committed token except the last,
+    whose features the target has not computed yet.
+    """
+
+    def __init__(self, target: Target, draft=None):
+        self.target_model = target.model
+        self.draft_model = draft
+        self.reset(target)
+
+    def reset(self, target: Target):
+        self.target = target.make_cache()
+        self.draft = self.draft_model.make_cache() if self.draft_model is not None else None
+        self.tokens: list[int] = []
+
+    def fits(self, target: Target, draft) -> bool:
+        return self.target_model is target.model and self.draft_model is draft
+
+    def _trimmable(self) -> bool:
+        return all(c.is_trimmable() for c in self.target)
+
+    def reuse(self, target: Target, prompt: Sequence[int]) -> int:
+        """Keep the longest cached prefix of `prompt` (at least one token left to feed)."""
+        keep = min(_common_prefix(self.tokens, prompt), len(prompt) - 1)
+        drop = len(self.tokens) - keep
+        if drop > 0:
+            if not self._trimmable():
+                self.reset(target)
+                return 0
+            for c in self.target + (self.draft or []):
+                c.trim(drop)
+            del self.tokens[keep:]
+        return keep

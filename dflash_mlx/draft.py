@@ -1,0 +1,230 @@
+"""The DFlash block-diffusion drafter (v1), in the z-lab checkpoint format.
+
+The drafter has no embedding or LM head of its own: the caller embeds the block with
+the target's table and turns hidden states into logits with the target's head.
+Context (fused target features) is absorbed into a per-layer KV cache once; a block
+is then drafted in one forward whose own keys/values are dropped afterwards.
+"""
+
+from dataclasses import dataclass, field, fields
+from typing import Any, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.cache import KVCache
+from mlx_lm.models.rope_utils import initialize_rope
+
+ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel")
+LAYER_TYPES = ("full_attention", "sliding_attention")
+
+
+def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+    """Layer ids used when a config names none (the DFlash convention)."""
+    if num_draft_layers == 1:
+        return [num_target_layers // 2]
+    span = num_target_layers - 4
+    return [round(1 + k * span / (num_draft_layers - 1)) for k in range(num_draft_layers)]
+
+
+@dataclass
+class ModelArgs:
+    hidden_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    vocab_size: int
+    num_target_layers: int
+    target_layer_ids: list[int]
+    mask_token_id: int
+    head_dim: Optional[int] = None
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 1_000_000.0
+    rope_scaling: Optional[dict[str, Any]] = None
+    max_position_embeddings: int = 40960
+    block_size: int = 16
+    layer_types: list[str] = field(default_factory=list)
+    sliding_window: Optional[int] = None
+    is_causal: Optional[bool] = None
+    final_logit_softcapping: Optional[float] = None
+    input_embedding_scale: float = 1.0
+    output_multiplier: float = 1.0
+    architecture: str = "DFlashDraftModel"
+    conv_kernel_size: int = 0
+    conv_group_size: int = 0
+    selector_rank: int = 0
+    selector_top_k: int = 0
+
+    def __post_init__(self):
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        if not self.layer_types:
+            self.layer_types = ["full_attention"] * self.num_hidden_layers
+        self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+
+    @classmethod
+    def from_config(cls, config: dict) -> "ModelArgs":
+        """Read a z-lab drafter config.json (fields may sit at top level or in dflash_config)."""
+        flat = dict(config)
+        flat.update(config.get("dflash_config") or {})
+        rope = config.get("rope_parameters") or config.get("rope_scaling")
+        if rope:
+            flat.setdefault("rope_theta", rope.get("rope_theta", cls.rope_theta))
+            if rope.get("rope_type", rope.get("type", "default")) == "default":
+                rope = None
+        flat["rope_scaling"] = rope
+        archs = config.get("architectures") or ["DFlashDraftModel"]
+        flat["architecture"] = archs[0]
+        if not flat.get("target_layer_ids") and "num_target_layers" in flat:
+            flat["target_layer_ids"] = default_target_layer_ids(
+                flat["num_target_layers"], flat["num_hidden_layers"]
+            )
+        names = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in flat.items() if k in names})
+
+    def to_config(self) -> dict:
+        """The z-lab config.json form of these arguments."""
+        keys = ("target_layer_ids", "mask_token_id", "final_logit_softcapping",
+                "input_embedding_scale", "output_multiplier", "conv_kernel_size",
+                "conv_group_size", "selector_rank", "selector_top_k")
+        dflash = {k: getattr(self, k) for k in keys if getattr(self, k) not in (None, 0)}
+        dflash["block_size"] = self.block_size
+        top = {f.name: getattr(self, f.name) for f in fields(self)
+               if f.name not in keys and f.name != "architecture"}
+        top = {k: v for k, v in top.items() if v is not None}
+        return {"architectures": [self.architecture], "model_type": "dflash",
+                **top, "dflash_config": dflash}
+
+
+class MLP(nn.Module):
+    def __init__(self, dim: int, hidden_dim: int):
+        super().__init__()
+        self.gate_proj = nn.Linear(dim, hidden_dim, bias=False)
+        self.up_proj = nn.Linear(dim, hidden_dim, bias=False)
+        self.down_proj = nn.Linear(hidden_dim, dim, bias=False)
+
+    def __call__(self, x):
+        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Attention(nn.Module):
+    """KV-injection attention: block queries see the context cache and the block."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        dim, hd = args.hidden_size, args.head_dim
+        self.n_heads = args.num_attention_heads
+        self.n_kv_heads = args.num_key_value_heads
+        self.scale = hd**-0.5
+        self.q_proj = nn.Linear(dim, self.n_heads * hd, bias=False)
+        self.k_proj = nn.Linear(dim, self.n_kv_heads * hd, bias=False)
+        self.v_proj = nn.Linear(dim, self.n_kv_heads * hd, bias=False)
+        self.o_proj = nn.Linear(self.n_heads * hd, dim, bias=False)
+        self.q_norm = nn.RMSNorm(hd, eps=args.rms_norm_eps)
+        self.k_norm = nn.RMSNorm(hd, eps=args.rms_norm_eps)
+        self.rope = initialize_rope(
+            hd, args.rope_theta, False, args.rope_scaling, args.max_position_embeddings
+        )
+
+    def _keys_values(self, x, offset):
+        B, L, _ = x.shape
+        k = self.k_norm(self.k_proj(x).reshape(B, L, self.n_kv_heads, -1))
+        v = self.v_proj(x).reshape(B, L, self.n_kv_heads, -1)
+        k = self.rope(k.transpose(0, 2, 1, 3), offset=offset)
+        return k, v.transpose(0, 2, 1, 3)
+
+    def absorb(self, ctx: mx.array, cache: KVCache):
+        """Append the context's keys/values (at their absolute positions) to the cache."""
+        cache.update_and_fetch(*self._keys_values(ctx, cache.offset))
+
+    def __call__(self, x, mask, cache: KVCache):
+        B, L, _ = x.shape
+        offset = cache.offset
+        q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, -1))
+        q = self.rope(q.transpose(0, 2, 1, 3), offset=offset)
+        keys, values = cache.update_and_fetch(*self._keys_values(x, offset))
+        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, layer_type: str):
+        super().__init__()
+        self.layer_type = layer_type
+        self.self_attn = Attention(args)
+        self.mlp = MLP(args.hidden_size, args.intermediate_size)
+        self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+
+    def __call__(self, x, mask, cache):
+        h = x + self.self_attn(self.input_layernorm(x), mask, cache)
+        return h + self.mlp(self.post_attention_layernorm(h))
+
+
+def block_mask(block_len: int, context_len: int, window: Optional[int], causal: bool):
+    """Mask of block queries over [context; block] keys, or None when all keys are visible."""
+    if window is None and not causal:
+        return None
+    q = context_len + mx.arange(block_len)[:, None]
+    k = mx.arange(context_len + block_len)[None]
+    in_block = k >= context_len
+    visible = in_block & (k <= q) if causal else in_block
+    if window is None:
+        return visible | ~in_block
+    return visible | (~in_block & (q - k < window))
+
+
+class Model(nn.Module):
+    """DFlash v1 drafter: fc + hidden_norm fuse target features; Qwen3-style layers."""
+
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        n_features = len(args.target_layer_ids) * args.hidden_size
+        self.fc = nn.Linear(n_features, args.hidden_size, bias=False)
+        self.hidden_norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.layers = [DecoderLayer(args, t) for t in args.layer_types]
+        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+
+    def make_cache(self) -> list[KVCache]:
+        return [KVCache() for _ in self.layers]
+
+    def absorb(self, features: mx.array, cache: list[KVCache]):
+        """Feed fused target features of newly committed tokens into the context cache."""
+        ctx = self.hidden_norm(self.fc(features))
+        for layer, c in zip(self.layers, cache):
+            layer.self_attn.absorb(ctx, c)
+
+    def _mask(self, layer_type: str, block_len: int, context_len: int):
+        sliding = layer_type == "sliding_attention"
+        causal = sliding if self.args.is_causal is None else bool(self.args.is_causal)
+        window = self.args.sliding_window if sliding else None
+        return block_mask(block_len, context_len, window, causal)
+
+    def __call__(self, block_embeddings: mx.array, cache: list[KVCache]) -> mx.array:
+        """Hidden states (normed) for a block; the block's keys/values are not kept."""
+        h = block_embeddings
+        L = h.shape[1]
+        masks = {}
+        for layer, c in zip(self.layers, cache):
+            t = layer.layer_type
+            if t not in masks:
+                masks[t] = self._mask(t, L, c.offset)
+            h = layer(h, masks[t], c)
+        for c in cache:
+            c.trim(L)
+        return self.norm(h)
+
+    def finalize_logits(self, logits: mx.array) -> mx.array:
+        """Apply the drafter's output multiplier and soft-capping to head logits."""
+        if self.args.output_multiplier != 1.0:
+            logits = logits * self.args.output_multiplier
+        cap = self.args.final_logit_softcapping
+        if cap:
+            logits = mx.tanh(logits / cap) * cap
+        return logits
+
+    def sanitize(self, weights: dict) -> dict:
+        # Drafter checkpoints never carry their own embedding or head.
+        return {k: v for k, v in weights.items()
+                if not k.startswith(("embed_tokens.", "lm_head."))}

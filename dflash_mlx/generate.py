@@ -1,0 +1,279 @@
+"""Speculative decoding with a DFlash drafter: a token-level engine and the
+`stream_generate` / `generate` API on top of it (drop-in for `dflash.model_mlx`).
+
+The engine knows nothing about text: it turns prompt ids into blocks of committed ids.
+Each block is one drafter forward + one target forward + an acceptance rule, built as
+one lazy graph and synced once; the previous block is handed out while it computes.
+"""
+
+import time
+from dataclasses import dataclass, field
+from typing import Iterator, Optional, Sequence, Union
+
+import mlx.core as mx
+
+from .cache import PromptCache
+from .target import Target
+from .verify import SamplingParams, accept_greedy, accept_sampled
+
+
+@dataclass
+class Block:
+    """Tokens committed by one verify step."""
+
+    tokens: list[int]
+    from_draft: int  # how many of `tokens` (a prefix) were the drafter's proposals
+    block_size: int  # tokens the target verified in this step
+    finished: bool = False  # ended on a stop token
+    reused: int = 0  # prompt tokens served from the cache (first block only)
+
+
+def _as_target(model, draft) -> Target:
+    if isinstance(model, Target):
+        return model
+    ids = draft.args.target_layer_ids if draft is not None else ()
+    return Target(model, ids)
+
+
+def _prefill(target: Target, draft, cache: PromptCache, ids: list[int], step: int) -> mx.array:
+    """Feed `ids` through the target (and their features to the drafter); last logits."""
+    if step <= 0:
+        raise ValueError(f"prefill_step_size must be positive, got {step}.")
+    for start in range(0, len(ids), step):
+        chunk = mx.array(ids[start : start + step])[None]
+        hidden, features = target(chunk, cache.target)
+        if draft is not None:
+            draft.absorb(features, cache.draft)
+        if start + step < len(ids):
+            mx.eval([c.state for c in cache.target + (cache.draft or [])])
+            mx.clear_cache()
+    cache.tokens.extend(ids)
+    return target.logits(hidden[:, -1])[0]
+
+
+class _Step:
+    """One drafted-and-verified block in flight (lazy until `resolve`)."""
+
+    def __init__(self, target: Target, draft, cache: PromptCache, last: int,
+                 size: int, params: SamplingParams, mask_id: int):
+        self.size = size
+        self.tape = [] if not all(c.is_trimmable() for c in cache.target) else None
+        block = mx.array([[last] + [mask_id] * (size - 1)])
+        if size > 1:
+            h = target.embed(block)
+            if draft.args.input_embedding_scale != 1.0:
+                h = h * draft.args.input_embedding_scale
+            h = draft(h, cache.draft)[:, 1:]
+            draft_logits = draft.finalize_logits(target.logits(h))[0]
+            if params.greedy:
+                drafts = mx.argmax(draft_logits, axis=-1)
+            else:
+                draft_probs = params.probs(draft_logits)
+                drafts = mx.random.categorical(mx.log(draft_probs))
+            verify_ids = mx.concatenate([block[0, :1], drafts.astype(block.dtype)])[None]
+        else:
+            drafts = mx.zeros((0,), dtype=block.dtype)
+            verify_ids = block
+        hidden, self.features = target(verify_ids, cache.target, self.tape)
+        logits = target.logits(hidden)[0]
+        if params.greedy:
+            n_accepted, emitted = accept_greedy(drafts, logits)
+        elif size > 1:
+            n_accepted, emitted = accept_sampled(drafts, draft_probs, params.probs(logits))
+        else:
+            n_accepted, emitted = mx.array(0), params.sample(logits)
+        self.result = mx.concatenate([n_accepted[None].astype(emitted.dtype), emitted])
+        mx.async_eval(self.result)
+
+    def resolve(self) -> tuple[int, list[int]]:
+        """Sync once: (drafts accepted, committed tokens)."""
+        values = self.result.tolist()
+        return values[0], values[1 : values[0] + 2]
+
+
+def generate_blocks(
+    target: Target,
+    draft,
+    prompt: Sequence[int],
+    cache: PromptCache,
+    params: SamplingParams,
+    block_size: int,
+    max_tokens: int,
+    stop_tokens: frozenset = frozenset(),
+    prefill_step_size: int = 2048,
+    stream: Optional[mx.Stream] = None,
+) -> Iterator[Block]:
+    """Yield committed blocks of token ids; the first block is the prefill's token.
+
+    `cache` is updated in place and stays consistent when the caller stops early.
+    """
+    if draft is None:
+        block_size = 1
+    stream = stream or mx.default_stream(mx.default_device())
+    mask_id = draft.args.mask_token_id if draft is not None else 0
+    budget = max_tokens if max_tokens >= 0 else float("inf")
+    keep = cache.reuse(target, prompt)
+    with mx.stream(stream):
+        logits = _prefill(target, draft, cache, list(prompt[keep:]), prefill_step_size)
+        first = params.sample(logits).item()
+    n, last = 1, first
+    done = first in stop_tokens or n >= budget
+    pending = Block([first], 0, 1, first in stop_tokens, reused=keep)
+    step = None
+    try:
+        while True:
+            if not done:
+                with mx.stream(stream):
+                    step = _Step(target, draft, cache, last, int(min(block_size, budget - n)),
+                                 params, mask_id)
+            yield pending
+            if step is None:
+                return
+            n_accepted, tokens = step.resolve()
+            cut = next((i + 1 for i, t in enumerate(tokens) if t in stop_tokens), len(tokens))
+            tokens = tokens[: int(min(cut, budget - n))]
+            with mx.stream(stream):
+                if draft is not None:
+                    draft.absorb(step.features[:, : len(tokens)], cache.draft)
+                target.rollback(cache.target, step.tape or [], step.size, len(tokens))
+            cache.tokens.append(last)
+            cache.tokens.extend(tokens[:-1])
+            last, n = tokens[-1], n + len(tokens)
+            finished = tokens[-1] in stop_tokens
+            done = finished or n >= budget
+            pending = Block(tokens, min(n_accepted, len(tokens)), step.size, finished)
+            step = None
+    finally:
+        if step is not None:  # stopped with a block in flight: undo it entirely
+            step.resolve()
+            target.rollback(cache.target, step.tape or [], step.size, 0)
+
+
+@dataclass
+class GenerationResponse:
+    """One verified block as text and numbers (fields of `dflash.model_mlx` and mlx-lm)."""
+
+    text: str
+    tokens: list[int]
+    accepted: Optional[int]  # tokens this block committed (acceptance length), None for the first
+    prompt_tokens: int
+    prompt_tps: float
+    generation_tokens: int
+    generation_tps: float
+    peak_memory: float  # GB
+    finish_reason: Optional[str] = None
+    from_draft: int = 0  # leading tokens of `tokens` that were drafted
+    block_size: int = 1  # tokens the target verified for this block
+    reused_tokens: int = 0  # prompt tokens served from the prompt cache
+
+    @property
+    def token(self) -> Optional[int]:
+        return self.tokens[-1] if self.tokens else None
+
+
+def _wrap_tokenizer(tokenizer):
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    return tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
+
+
+def encode_prompt(tokenizer, prompt: Union[str, list, mx.array]) -> list[int]:
+    if isinstance(prompt, mx.array):
+        return prompt.reshape(-1).tolist()
+    if isinstance(prompt, str):
+        bos = tokenizer.bos_token
+        return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+    return [int(t) for t in prompt]
+
+
+def stream_generate(
+    model,
+    draft,
+    tokenizer,
+    prompt: Union[str, list[int], mx.array],
+    block_size: Optional[int] = None,
+    max_tokens: int = 256,
+    temperature: float = 0.0,
+    top_p: float = 1.0,
+    top_k: int = 0,
+    prefill_step_size: int = 2048,
+    *,
+    min_p: float = 0.0,
+    prompt_cache: Optional[PromptCache] = None,
+) -> Iterator[GenerationResponse]:
+    """Generate from `prompt`, yielding one response per verified block.
+
+    `draft=None` or `block_size=1` decodes without speculation. Pass a `PromptCache`
+    (from `make_prompt_cache`) to reuse the caches of earlier calls (multi-turn chat).
+    """
+    from mlx_lm.generate import generation_stream, wired_limit
+
+    if max_tokens == 0:
+        raise ValueError("max_tokens must be non-zero (use -1 for no limit).")
+    params = SamplingParams(temperature, top_p, top_k, min_p)
+    block_size = block_size or (draft.args.block_size if draft is not None else 1)
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}.")
+    target = _as_target(model, draft)
+    if draft is not None:
+        from .loading import check_compatible
+
+        check_compatible(target, draft)
+    tokenizer = _wrap_tokenizer(tokenizer)
+    ids = encode_prompt(tokenizer, prompt)
+    if not ids:
+        raise ValueError("The prompt is empty: give at least one token.")
+    if prompt_cache is None:
+        prompt_cache = PromptCache(target, draft)
+    elif not prompt_cache.fits(target, draft):
+        raise ValueError("This prompt_cache belongs to another model/drafter pair: make a new one.")
+    detokenizer = tokenizer.detokenizer
+    stop = frozenset(tokenizer.eos_token_ids)
+
+    with wired_limit(target.model, [generation_stream]):
+        tic = time.perf_counter()
+        blocks = generate_blocks(target, draft, ids, prompt_cache, params, block_size,
+                                 max_tokens, stop, prefill_step_size, generation_stream)
+        n, prompt_tps, reused = 0, 0.0, 0
+        for i, block in enumerate(blocks):
+            if i == 0:
+                reused = block.reused
+                prompt_tps = (len(ids) - reused) / max(time.perf_counter() - tic, 1e-9)
+                tic = time.perf_counter()
+            n += len(block.tokens)
+            for t in block.tokens[:-1] if block.finished else block.tokens:
+                detokenizer.add_token(t)
+            last = block.finished or 0 <= max_tokens <= n
+            if last:
+                detokenizer.finalize()
+            yield GenerationResponse(
+                text=detokenizer.last_segment,
+                tokens=block.tokens,
+                accepted=len(block.tokens) if i else None,
+                prompt_tokens=len(ids),
+                prompt_tps=prompt_tps,
+                generation_tokens=n,
+                generation_tps=n / max(time.perf_counter() - tic, 1e-9),
+                peak_memory=mx.get_peak_memory() / 1e9,
+                finish_reason=("stop" if block.finished else "length") if last else None,
+                from_draft=block.from_draft,
+                block_size=block.block_size,
+                reused_tokens=reused,
+            )
+
+
+def generate(model, draft, tokenizer, prompt, verbose: bool = False, **kwargs) -> str:
+    """Generate a complete answer; same arguments as `stream_generate`."""
+    text = ""
+    for response in stream_generate(model, draft, tokenizer, prompt, **kwargs):
+        text += response.text
+        if verbose:
+            print(response.text, end="", flush=True)
+    if verbose:
+        print()
+    return text
+
+
+def make_prompt_cache(model, draft=None) -> PromptCache:
+    """Caches to pass to `stream_generate(prompt_cache=...)` across calls."""
+    return PromptCache(_as_target(model, draft), draft)

@@ -1,0 +1,165 @@
+"""Loading targets and drafters from Hub ids or local folders, with fix-it errors."""
+
+import json
+import os
+from pathlib import Path
+from typing import Optional
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from . import draft as draft_module
+from .target import SUPPORTED_MODEL_TYPES, Target
+
+TARGET_FILES = ["*.json", "*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
+DRAFT_FILES = ["*.json", "*.safetensors"]
+
+
+def resolve_path(path_or_repo: str, patterns: list[str], what: str = "model") -> Path:
+    """A local folder as-is, or a Hugging Face repo id downloaded (or found in the cache)."""
+    path = Path(path_or_repo).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise ValueError(f"{what} path '{path}' is a file; pass the folder that holds config.json.")
+        return path
+    if path_or_repo.startswith((".", "/", "~")) or path_or_repo.count("/") != 1:
+        raise ValueError(
+            f"{what} '{path_or_repo}' is neither an existing folder nor a Hugging Face repo id "
+            "(owner/name). Check the path or the repo id."
+        )
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+    )
+
+    try:
+        return Path(snapshot_download(path_or_repo, allow_patterns=patterns))
+    except GatedRepoError as e:
+        raise ValueError(
+            f"{what} '{path_or_repo}' is gated on the Hugging Face Hub: accept its licence on "
+            "the model page and log in with `hf auth login`."
+        ) from e
+    except RepositoryNotFoundError as e:
+        raise ValueError(
+            f"{what} '{path_or_repo}' was not found on the Hugging Face Hub. Check the repo id "
+            "(and `hf auth login` for private repos)."
+        ) from e
+    except (LocalEntryNotFoundError, OSError) as e:
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
+        why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub cannot be reached"
+        raise ValueError(
+            f"{what} '{path_or_repo}' is not in the local Hugging Face cache and {why}. "
+            f"Download it once with network access (`hf download {path_or_repo}`), "
+            "or pass a local folder."
+        ) from e
+
+
+def _read_config(path: Path, what: str) -> dict:
+    file = path / "config.json"
+    if not file.exists():
+        raise ValueError(f"{what} folder '{path}' has no config.json: is this the right folder?")
+    try:
+        return json.loads(file.read_text())
+    except json.JSONDecodeError as e:
+        raise ValueError(f"{what} config '{file}' is not valid JSON ({e}); re-download it.") from e
+
+
+def _read_weights(path: Path, what: str) -> dict:
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        raise ValueError(f"{what} folder '{path}' has no *.safetensors weights; re-download it.")
+    weights = {}
+    for f in files:
+        try:
+            weights.update(mx.load(str(f)))
+        except Exception as e:
+            raise ValueError(f"{what} weights '{f}' cannot be read ({e}); the file is corrupt "
+                             "or incomplete: delete it and download again.") from e
+    return weights
+
+
+def load(path_or_repo: str, **kwargs):
+    """Load a target (model, tokenizer) with mlx-lm, from a Hub id or a local folder."""
+    from mlx_lm.utils import load as mlx_lm_load
+
+    path = resolve_path(path_or_repo, TARGET_FILES, "Target model")
+    config = _read_config(path, "Target model")
+    kind = config.get("model_type")
+    text_kind = (config.get("text_config") or {}).get("model_type", kind)
+    if kind not in SUPPORTED_MODEL_TYPES and text_kind not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"Target '{path_or_repo}' is a '{kind}' model; DFlash targets supported here: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}."
+        )
+    try:
+        model, tokenizer = mlx_lm_load(str(path), **kwargs)
+    except FileNotFoundError as e:
+        raise ValueError(f"Target '{path_or_repo}' is incomplete ({e}); download it again.") from e
+    model.name_or_path = str(path_or_repo)
+    return model, tokenizer
+
+
+def load_draft(path_or_repo: str, target=None) -> draft_module.Model:
+    """Load a DFlash drafter (z-lab format); with `target`, also check that it fits it."""
+    what = f"Drafter '{path_or_repo}'"
+    path = resolve_path(path_or_repo, DRAFT_FILES, "Drafter")
+    config = _read_config(path, what)
+    arch = (config.get("architectures") or ["DFlashDraftModel"])[0]
+    if arch not in draft_module.ARCHITECTURES:
+        raise ValueError(f"{what} has architecture '{arch}'; supported drafters: "
+                         f"{', '.join(draft_module.ARCHITECTURES)}.")
+    if arch != "DFlashDraftModel":
+        raise ValueError(f"{what} is a {arch}; this build loads DFlashDraftModel drafters.")
+    try:
+        args = draft_module.ModelArgs.from_config(config)
+    except TypeError as e:
+        raise ValueError(f"{what} config.json lacks required fields ({e}); is it a DFlash drafter?") from e
+    unknown = set(args.layer_types) - set(draft_module.LAYER_TYPES)
+    if unknown or len(args.layer_types) != args.num_hidden_layers:
+        raise ValueError(f"{what}: layer_types must list one of {draft_module.LAYER_TYPES} "
+                         f"per layer ({args.num_hidden_layers}), got {args.layer_types}.")
+    if "sliding_attention" in args.layer_types and not args.sliding_window:
+        raise ValueError(f"{what} has sliding_attention layers but no sliding_window in config.json.")
+    model = draft_module.Model(args)
+    weights = model.sanitize(_read_weights(path, what))
+    expected = {k for k, _ in tree_flatten(model.parameters())}
+    missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or extra:
+        raise ValueError(f"{what} weights do not match its config: missing {missing[:5]}, "
+                         f"unexpected {extra[:5]}. Re-download it or fix config.json.")
+    try:
+        model.load_weights(list(weights.items()))
+    except ValueError as e:
+        raise ValueError(f"{what} weights do not match its config ({e}).") from e
+    model.eval()
+    mx.eval(model.parameters())
+    model.name_or_path = str(path_or_repo)
+    if target is not None:
+        check_compatible(target, model)
+    return model
+
+
+def check_compatible(target, draft):
+    """Raise a ValueError naming both models if `draft` cannot serve `target`."""
+    if not isinstance(target, Target):
+        target = Target(target)
+    d, t = draft.args, target
+    dname = getattr(draft, "name_or_path", "the drafter")
+    tname = getattr(target.model, "name_or_path", f"the {t.model_type} target")
+    fix = f"use the DFlash drafter trained for {tname}, or the target {dname} was trained for"
+    problems = []
+    if d.hidden_size != t.hidden_size:
+        problems.append(f"hidden size {d.hidden_size} vs {t.hidden_size}")
+    if d.vocab_size != t.vocab_size:
+        problems.append(f"vocabulary {d.vocab_size} vs {t.vocab_size}")
+    if d.num_target_layers != t.num_layers:
+        problems.append(f"drafter expects {d.num_target_layers} target layers, target has {t.num_layers}")
+    if any(not 0 <= i < t.num_layers for i in d.target_layer_ids):
+        problems.append(f"target_layer_ids {d.target_layer_ids} outside 0..{t.num_layers - 1}")
+    if not 0 <= d.mask_token_id < t.vocab_size:
+        problems.append(f"mask_token_id {d.mask_token_id} outside the target vocabulary")
+    if problems:
+        raise ValueError(f"Drafter {dname} does not fit target {tname}: "
+                         + "; ".join(problems) + f". Fix: {fix}.")

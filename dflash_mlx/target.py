@@ -1,0 +1,202 @@
+"""The target side: one forward that yields logits AND the fused layer features the
+drafter needs, plus exact rollback of the target cache after a partly rejected block.
+
+We run the decoder layers ourselves (same calls, same order as mlx-lm's model code)
+instead of patching library classes. Attention layers are called as-is; GatedDeltaNet
+(linear attention) mixers are evaluated here so their recurrence inputs can be kept
+and replayed over the accepted prefix, which restores the recurrent and conv states
+exactly without a second target forward.
+"""
+
+from dataclasses import dataclass
+from typing import Any, Optional, Sequence
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx_lm.models.base import create_attention_mask, create_ssm_mask
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
+
+
+def _text_parts(model: nn.Module):
+    """(language model with the head, inner model with embed_tokens/layers/norm)."""
+    lm = getattr(model, "language_model", model)
+    inner = getattr(lm, "model", None)
+    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "embed_tokens"):
+        raise ValueError(
+            f"Unsupported target {type(model).__module__}: expected an mlx-lm text model "
+            f"with model.embed_tokens/layers/norm. Supported: {', '.join(SUPPORTED_MODEL_TYPES)}."
+        )
+    return lm, inner
+
+
+def model_type(model: nn.Module) -> str:
+    args = getattr(model, "args", None)
+    return getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
+
+
+@dataclass
+class _DeltaRecord:
+    """What one GatedDeltaNet layer needs to replay its recurrence over a prefix."""
+
+    conv_input: mx.array  # [conv state before the block; block inputs]
+    state: Optional[mx.array]  # recurrent state before the block
+    q: mx.array
+    k: mx.array
+    v: mx.array
+    a: mx.array
+    b: mx.array
+    mask: Optional[mx.array]
+    mixer: nn.Module
+
+
+def _gated_delta_mixer(mixer, x, mask, cache, tape: Optional[list]):
+    # Mirrors mlx_lm.models.qwen3_5.GatedDeltaNet.__call__ (single device), keeping the
+    # recurrence inputs when a tape is given.
+    B, S, _ = x.shape
+    qkv = mixer.in_proj_qkv(x)
+    z = mixer.in_proj_z(x).reshape(B, S, mixer.num_v_heads, mixer.head_v_dim)
+    b = mixer.in_proj_b(x)
+    a = mixer.in_proj_a(x)
+    if cache is not None and cache[0] is not None:
+        conv_state = cache[0]
+    else:
+        conv_state = mx.zeros((B, mixer.conv_kernel_size - 1, mixer.conv_dim), dtype=x.dtype)
+    if mask is not None:
+        qkv = mx.where(mask[..., None], qkv, 0)
+    conv_input = mx.concatenate([conv_state, qkv], axis=1)
+    if cache is not None:
+        cache[0] = mx.contiguous(conv_input[:, -(mixer.conv_kernel_size - 1):, :])
+    conv_out = nn.silu(mixer.conv1d(conv_input))
+    q, k, v = [
+        t.reshape(B, S, h, d)
+        for t, h, d in zip(
+            mx.split(conv_out, [mixer.key_dim, 2 * mixer.key_dim], -1),
+            [mixer.num_k_heads, mixer.num_k_heads, mixer.num_v_heads],
+            [mixer.head_k_dim, mixer.head_k_dim, mixer.head_v_dim],
+        )
+    ]
+    state = cache[1] if cache else None
+    q, k = normalize_qk(q, k, inv_scale=mixer.head_k_dim**-0.5, eps=1e-6)
+    if tape is not None:
+        tape.append(_DeltaRecord(conv_input, state, q, k, v, a, b, mask, mixer))
+    out, state = gated_delta_update(
+        q, k, v, a, b, mixer.A_log, mixer.dt_bias, state, mask, use_kernel=not mixer.training
+    )
+    if cache is not None:
+        cache[1] = state
+        cache.advance(S)
+    out = mixer.norm(out, z)
+    return mixer.out_proj(out.reshape(B, S, -1))
+
+
+def _gated_delta_layer(layer, x, mask, cache, tape):
+    h = x + _gated_delta_mixer(layer.linear_attn, layer.input_layernorm(x), mask, cache, tape)
+    return h + layer.mlp(layer.post_attention_layernorm(h))
+
+
+class Target:
+    """An mlx-lm model seen as a DFlash target."""
+
+    def __init__(self, model: nn.Module, feature_layer_ids: Sequence[int] = ()):
+        self.model = model
+        self.model_type = model_type(model)
+        self.lm, self.inner = _text_parts(model)
+        self.layers = list(self.inner.layers)
+        self.feature_layer_ids = tuple(int(i) for i in feature_layer_ids)
+        bad = [i for i in self.feature_layer_ids if not 0 <= i < len(self.layers)]
+        if bad:
+            raise ValueError(
+                f"Drafter reads target layers {list(self.feature_layer_ids)} but the "
+                f"{self.model_type} target has {len(self.layers)} layers (0..{len(self.layers) - 1}): "
+                "use the drafter trained for this target."
+            )
+        self._linear = [bool(getattr(l, "is_linear", False)) for l in self.layers]
+        self._windows = [
+            getattr(self.inner, "sliding_window", None) if getattr(l, "use_sliding", False) else None
+            for l in self.layers
+        ]
+        self.embed_tokens = self.inner.embed_tokens
+        self.embed_scale = getattr(self.inner, "embed_scale", 1.0)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.layers)
+
+    @property
+    def hidden_size(self) -> int:
+        return self.inner.norm.weight.shape[0]
+
+    @property
+    def vocab_size(self) -> int:
+        return self.embed_tokens.weight.shape[0]
+
+    @property
+    def dtype(self):
+        return self.inner.norm.weight.dtype
+
+    def make_cache(self) -> list[Any]:
+        """Per-layer caches that can all be rolled back (rotating caches become plain KV)."""
+        make = getattr(self.model, "make_cache", None)
+        cache = make() if make else [KVCache() for _ in self.layers]
+        return [KVCache() if isinstance(c, RotatingKVCache) else c for c in cache]
+
+    def embed(self, tokens: mx.array) -> mx.array:
+        h = self.embed_tokens(tokens)
+        return h * self.embed_scale if self.embed_scale != 1.0 else h
+
+    def logits(self, hidden: mx.array) -> mx.array:
+        """The target's LM head on final-normed hidden states."""
+        head = getattr(self.lm, "lm_head", None)
+        return head(hidden) if head is not None else self.embed_tokens.as_linear(hidden)
+
+    def __call__(self, tokens: mx.array, cache: list[Any], tape: Optional[list] = None):
+        """Run the layers on `tokens` (1, L): (final-normed hidden, fused features or None).
+
+        With a `tape`, GatedDeltaNet layers append what `rollback` needs to it.
+        """
+        h = self.embed(tokens)
+        masks: dict = {}
+        wanted = set(self.feature_layer_ids)
+        outputs = {}
+        for i, (layer, c) in enumerate(zip(self.layers, cache)):
+            if self._linear[i]:
+                if "ssm" not in masks:
+                    masks["ssm"] = create_ssm_mask(h, c)
+                h = _gated_delta_layer(layer, h, masks["ssm"], c, tape)
+            else:
+                key = self._windows[i]
+                if key not in masks:
+                    masks[key] = create_attention_mask(h, c, window_size=key)
+                h = layer(h, masks[key], c)
+            if i in wanted:
+                outputs[i] = h
+        features = [outputs[i] for i in self.feature_layer_ids]
+        fused = mx.concatenate(features, axis=-1) if features else None
+        return self.inner.norm(h), fused
+
+    def rollback(self, cache: list[Any], tape: list, processed: int, keep: int):
+        """Undo the last forward of `processed` tokens except its first `keep`."""
+        drop = processed - keep
+        if drop <= 0:
+            return
+        records = iter(tape)
+        for linear, c in zip(self._linear, cache):
+            if not linear:
+                c.trim(drop)
+                continue
+            r = next(records)
+            if keep == 0:
+                state = r.state
+            else:
+                m = r.mixer
+                mask = None if r.mask is None else r.mask[:, :keep]
+                _, state = gated_delta_update(
+                    r.q[:, :keep], r.k[:, :keep], r.v[:, :keep], r.a[:, :keep], r.b[:, :keep],
+                    m.A_log, m.dt_bias, r.state, mask, use_kernel=not m.training,
+                )
+            n_conv = r.conv_input.shape[1] - processed
+            c[0] = mx.contiguous(r.conv_input[:, keep : keep + n_conv])
+            c[1] = state

@@ -1,0 +1,101 @@
+"""Acceptance rules for a drafted block, computed entirely in MLX (one sync per block).
+
+Both rules return `(n_accepted, emitted)` as arrays: `emitted` has one slot per block
+position; its first n_accepted + 1 entries are the tokens to commit (accepted drafts,
+then the target's correction or bonus token).
+"""
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """The transform applied identically to target and draft logits before sampling."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}.")
+        if not 0 <= self.min_p < 1:
+            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}.")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0
+
+    def probs(self, logits: mx.array) -> mx.array:
+        """Sampling distribution over the last axis after temperature/top-k/top-p/min-p."""
+        logits = logits.astype(mx.float32) / self.temperature
+        V = logits.shape[-1]
+        if 0 < self.top_k < V:
+            kth = mx.sort(logits, axis=-1)[..., V - self.top_k, None]
+            logits = mx.where(logits >= kth, logits, -mx.inf)
+        probs = mx.softmax(logits, axis=-1)
+        if self.min_p > 0:
+            top = mx.max(probs, axis=-1, keepdims=True)
+            probs = mx.where(probs >= self.min_p * top, probs, 0)
+        if self.top_p < 1:
+            order = mx.argsort(-probs, axis=-1)
+            sorted_p = mx.take_along_axis(probs, order, axis=-1)
+            # keep the smallest prefix whose mass reaches top_p (always the top token)
+            keep_sorted = (mx.cumsum(sorted_p, axis=-1) - sorted_p) < self.top_p
+            keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
+            probs = mx.where(keep, probs, 0)
+        return probs / mx.sum(probs, axis=-1, keepdims=True)
+
+    def sample(self, logits: mx.array) -> mx.array:
+        """One token per row of `logits` (argmax when greedy)."""
+        if self.greedy:
+            return mx.argmax(logits, axis=-1)
+        return categorical(self.probs(logits))
+
+
+def categorical(probs: mx.array) -> mx.array:
+    return mx.random.categorical(mx.log(probs))
+
+
+def _emit(drafts: mx.array, n_accepted: mx.array, last: mx.array) -> mx.array:
+    """[d_1..d_a, last, pad…] laid out over the block's positions."""
+    pos = mx.arange(drafts.shape[-1] + 1)
+    padded = mx.concatenate([drafts, mx.zeros((1,), drafts.dtype)])
+    return mx.where(pos < n_accepted, padded, last.astype(drafts.dtype))
+
+
+def accept_greedy(drafts: mx.array, target_logits: mx.array):
+    """Longest prefix of `drafts` (n,) equal to the target's argmax over (n+1, V) logits."""
+    choice = mx.argmax(target_logits, axis=-1)
+    n = drafts.shape[0]
+    matches = (drafts == choice[:n]).astype(mx.int32)
+    n_accepted = mx.sum(mx.cumprod(matches))
+    return n_accepted, _emit(drafts, n_accepted, choice[n_accepted])
+
+
+def accept_sampled(drafts: mx.array, draft_probs: mx.array, target_probs: mx.array):
+    """Lossless speculative sampling (Leviathan et al.) for a parallel-drafted block.
+
+    drafts (n,) were sampled from draft_probs (n, V); target_probs is (n+1, V). Accept d_i
+    with probability min(1, p_i(d_i)/q_i(d_i)); at the first rejection draw from
+    normalize(max(0, p_i - q_i)); if all are accepted draw a bonus token from p_n.
+    """
+    n = drafts.shape[0]
+    p = mx.take_along_axis(target_probs[:n], drafts[:, None], axis=-1)[:, 0]
+    q = mx.take_along_axis(draft_probs, drafts[:, None], axis=-1)[:, 0]
+    u = mx.random.uniform(shape=(n,))
+    n_accepted = mx.sum(mx.cumprod((u * q < p).astype(mx.int32)))
+    q_padded = mx.concatenate([draft_probs, mx.zeros_like(target_probs[:1])], axis=0)
+    p_row, q_row = target_probs[n_accepted], q_padded[n_accepted]
+    residual = mx.maximum(p_row - q_row, 0)
+    mass = mx.sum(residual)
+    # mass can only vanish through rounding when p == q; then p itself is the answer
+    residual = mx.where(mass > 1e-12, residual / mx.maximum(mass, 1e-30), p_row)
+    return n_accepted, _emit(drafts, n_accepted, categorical(residual))
