@@ -68,10 +68,8 @@ def qwen3_tokenizer(path: Path):
 
 
 def _sharpen(model, scale: float):
-    # Random init gives nearly flat logits; spread them so argmax is well separated.
-    emb = model.language_model.model.embed_tokens if hasattr(model, "language_model") \
-        else model.model.embed_tokens
-    emb.weight = emb.weight * scale
+    # Default init makes tiny models repeat one token; larger weights give varied text.
+    model.update(tree_map(lambda p: p * scale if p.ndim >= 2 else p, model.parameters()))
 
 
 def make_target(path: Path, family: str, vocab_size: int = BYTE_VOCAB, seed: int = 0,
@@ -85,7 +83,7 @@ def make_target(path: Path, family: str, vocab_size: int = BYTE_VOCAB, seed: int
     mx.random.seed(seed)
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
-    _sharpen(model, 8.0)
+    _sharpen(model, 4.0)
     path.mkdir(parents=True, exist_ok=True)
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})

@@ -1,0 +1,194 @@
+"""Greedy losslessness of the speculative loop against plain mlx-lm decoding."""
+
+import mlx.core as mx
+import mlx_lm
+import pytest
+from mlx.utils import tree_flatten
+
+import tiny
+from dflash_mlx import load, load_draft, make_prompt_cache, stream_generate
+from oracles import OracleDraft
+
+FAMILIES = list(tiny.FAMILIES)
+PROMPTS = ["hello world, this is a test", "1, 2, 3, 4,", "The quick brown fox"]
+
+
+@pytest.fixture(scope="module")
+def loaded(tiny_pair):
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            t, d = tiny_pair(family)
+            model, tok = load(str(t))
+            cache[family] = (model, tok, load_draft(str(d)))
+        return cache[family]
+
+    return get
+
+
+def plain(model, tok, prompt, max_tokens):
+    return [r.token for r in mlx_lm.stream_generate(model, tok, prompt, max_tokens=max_tokens)]
+
+
+def long_prompt(model, tok, n=40):
+    """A prompt whose greedy continuation runs n tokens without hitting EOS."""
+    for text in PROMPTS + ["Once upon a time", "abc abc abc", "def f(x):"]:
+        ids = tok.encode(text)
+        if len(plain(model, tok, ids, n)) == n:
+            return ids
+    raise AssertionError("no long prompt for this tiny model")
+
+
+def spec(model, draft, tok, prompt, **kw):
+    responses = list(stream_generate(model, draft, tok, prompt, **kw))
+    return [t for r in responses for t in r.tokens], responses
+
+
+def oracle(draft, reference, wrong=lambda k: False):
+    o = OracleDraft(draft.args, reference, wrong)
+    o.update(draft.parameters())
+    return o
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_random_drafter_equals_plain_greedy(loaded, family):
+    model, tok, draft = loaded(family)
+    for prompt in PROMPTS:
+        ref = plain(model, tok, prompt, 24)
+        out, responses = spec(model, draft, tok, prompt, max_tokens=24)
+        assert out == ref
+        assert sum(r.accepted or 1 for r in responses) == len(ref)
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("pattern", ["full", "partial", "none"])
+def test_forced_acceptance_patterns(loaded, family, pattern):
+    """Oracle drafters: every block accepted, accepted up to a mistake, or rejected."""
+    model, tok, draft = loaded(family)
+    prompt = long_prompt(model, tok)
+    ref = plain(model, tok, prompt, 40)
+    wrong = {"full": lambda k: False, "partial": lambda k: k == 3, "none": lambda k: True}[pattern]
+    expected_tau = {"full": 8, "partial": 3, "none": 1}[pattern]
+    out, responses = spec(model, oracle(draft, prompt + ref, wrong), tok, prompt,
+                          max_tokens=40, block_size=8)
+    assert out == ref
+    taus = [r.accepted for r in responses[1:-1]]
+    assert taus and all(t == expected_tau for t in taus), taus
+    assert all(r.from_draft == r.accepted - 1 for r in responses[1:-1])
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_every_block_size(loaded, family):
+    model, tok, draft = loaded(family)
+    prompt = long_prompt(model, tok, 33)
+    ref = plain(model, tok, prompt, 33)
+    half = oracle(draft, prompt + ref, lambda k: k % 5 == 0)
+    for block_size in range(1, 17):
+        out, responses = spec(model, half, tok, prompt, max_tokens=33, block_size=block_size)
+        assert out == ref, block_size
+        assert all(r.block_size <= block_size for r in responses)
+
+
+@pytest.mark.parametrize("max_tokens", [1, 2, 7, 8, 9, 30])
+def test_max_tokens_inside_a_block(loaded, max_tokens):
+    model, tok, draft = loaded("llama")
+    prompt = long_prompt(model, tok)
+    ref = plain(model, tok, prompt, max_tokens)
+    out, responses = spec(model, oracle(draft, prompt + plain(model, tok, prompt, 40)), tok,
+                          prompt, max_tokens=max_tokens, block_size=8)
+    assert out == ref and len(out) == max_tokens
+    assert responses[-1].finish_reason == "length"
+    assert responses[-1].generation_tokens == max_tokens
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen3_5"])
+@pytest.mark.parametrize("stop_at", [0, 1, 5, 11])
+def test_eos_inside_a_block(loaded, family, stop_at):
+    model, tok, draft = loaded(family)
+    prompt = long_prompt(model, tok)
+    ref = plain(model, tok, prompt, 40)
+    eos = ref[stop_at]  # generation stops at its first occurrence
+    saved = tok.eos_token_ids
+    tok.eos_token_ids = {eos}
+    try:
+        expected = plain(model, tok, prompt, 40)
+        text = "".join(r.text for r in mlx_lm.stream_generate(model, tok, prompt, max_tokens=40))
+        out, responses = spec(model, oracle(draft, prompt + ref), tok, prompt,
+                              max_tokens=40, block_size=8)
+    finally:
+        tok.eos_token_ids = saved
+    assert out == expected and out[-1] == eos
+    assert responses[-1].finish_reason == "stop"
+    assert "".join(r.text for r in responses) == text
+
+
+def test_prompt_forms_agree(loaded):
+    model, tok, draft = loaded("qwen3")
+    ids = tok.encode(PROMPTS[0])
+    a, _ = spec(model, draft, tok, PROMPTS[0], max_tokens=12)
+    b, _ = spec(model, draft, tok, ids, max_tokens=12)
+    c, _ = spec(model, draft, tok, mx.array(ids), max_tokens=12)
+    assert a == b == c
+
+
+def test_no_drafter_is_plain_decoding(loaded):
+    model, tok, _ = loaded("qwen3_5")
+    ref = plain(model, tok, PROMPTS[0], 20)
+    out, responses = spec(model, None, tok, PROMPTS[0], max_tokens=20)
+    assert out == ref and all(r.from_draft == 0 for r in responses)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_prompt_cache_reuse_matches_fresh_runs(loaded, family):
+    model, tok, draft = loaded(family)
+    cache = make_prompt_cache(model, draft)
+    history = tok.encode("turn one:")
+    for turn in range(3):
+        out, responses = spec(model, draft, tok, history, max_tokens=10, prompt_cache=cache)
+        fresh, _ = spec(model, draft, tok, history, max_tokens=10)
+        assert out == fresh
+        if turn:
+            assert responses[0].reused_tokens > 0
+        history = history + out + tok.encode(f" next {turn}:")
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_interrupted_generation_leaves_a_consistent_cache(loaded, family):
+    model, tok, draft = loaded(family)
+    prompt = long_prompt(model, tok)
+    ref = plain(model, tok, prompt, 40)
+    drafter = oracle(draft, prompt + ref, lambda k: k == 4)
+    cache = make_prompt_cache(model, drafter)
+    gen = stream_generate(model, drafter, tok, prompt, max_tokens=40, block_size=8,
+                          prompt_cache=cache)
+    got = [t for _, r in zip(range(3), gen) for t in r.tokens]
+    gen.close()
+    assert cache.tokens == prompt + got[:-1]
+    assert all(c.offset == len(cache.tokens) for c in cache.draft)
+    # continuing from the partial answer gives what a fresh run gives
+    follow = prompt + got
+    out, _ = spec(model, drafter, tok, follow, max_tokens=12, prompt_cache=cache)
+    assert out == plain(model, tok, follow, 12)
+
+
+def test_response_fields(loaded):
+    model, tok, draft = loaded("llama")
+    prompt = long_prompt(model, tok)
+    responses = list(stream_generate(model, draft, tok, prompt, max_tokens=10))
+    first, last = responses[0], responses[-1]
+    assert first.accepted is None and first.prompt_tokens == len(prompt)
+    assert last.generation_tokens == 10 and last.finish_reason == "length"
+    assert last.prompt_tps > 0 and last.generation_tps > 0 and last.peak_memory > 0
+    assert all(r.finish_reason is None for r in responses[:-1])
+
+
+def test_weights_unchanged_by_generation(loaded):
+    """The engine must not alter the user's model (no patching of layers or classes)."""
+    model, tok, draft = loaded("qwen3_5")
+    before = {k: v for k, v in tree_flatten(model.parameters())}
+    layers = list(model.layers)
+    list(stream_generate(model, draft, tok, PROMPTS[0], max_tokens=6))
+    assert list(model.layers) == layers
+    assert all(type(l).__module__.startswith("mlx_lm") for l in model.layers)
+    assert {k for k, _ in tree_flatten(model.parameters())} == set(before)
