@@ -10,9 +10,9 @@ from dflash_mlx.draft import Model
 
 
 class OracleDraft(Model):
-    """Proposes `reference[pos+1:pos+L]`, wrong wherever `wrong(offset_in_block)` is true."""
+    """Proposes `reference[pos+1:pos+L]`, wrong where `wrong(offset_in_block, position)`."""
 
-    def __init__(self, args, reference, wrong=lambda k: False):
+    def __init__(self, args, reference, wrong=lambda k, i: False):
         super().__init__(args)
         self.reference = list(reference)
         self.wrong = wrong
@@ -33,7 +33,7 @@ def proposal_logits(reference, pos, length, vocab, wrong):
     for k in range(1, length):
         i = pos + k
         tok = reference[i] if i < len(reference) else 0
-        if wrong(k):
+        if wrong(k, i):
             tok = (tok + 1) % vocab
         rows.append(tok)
     return (mx.eye(vocab)[mx.array(rows)] * 100.0)[None]

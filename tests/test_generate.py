@@ -45,7 +45,7 @@ def spec(model, draft, tok, prompt, **kw):
     return [t for r in responses for t in r.tokens], responses
 
 
-def oracle(draft, reference, wrong=lambda k: False):
+def oracle(draft, reference, wrong=lambda k, i: False):
     o = OracleDraft(draft.args, reference, wrong)
     o.update(draft.parameters())
     return o
@@ -68,7 +68,8 @@ def test_forced_acceptance_patterns(loaded, family, pattern):
     model, tok, draft = loaded(family)
     prompt = long_prompt(model, tok)
     ref = plain(model, tok, prompt, 40)
-    wrong = {"full": lambda k: False, "partial": lambda k: k == 3, "none": lambda k: True}[pattern]
+    wrong = {"full": lambda k, i: False, "partial": lambda k, i: k == 3,
+             "none": lambda k, i: True}[pattern]
     expected_tau = {"full": 8, "partial": 3, "none": 1}[pattern]
     out, responses = spec(model, oracle(draft, prompt + ref, wrong), tok, prompt,
                           max_tokens=40, block_size=8)
@@ -83,7 +84,7 @@ def test_every_block_size(loaded, family):
     model, tok, draft = loaded(family)
     prompt = long_prompt(model, tok, 33)
     ref = plain(model, tok, prompt, 33)
-    half = oracle(draft, prompt + ref, lambda k: k % 5 == 0)
+    half = oracle(draft, prompt + ref, lambda k, i: i % 5 == 0)
     for block_size in range(1, 17):
         out, responses = spec(model, half, tok, prompt, max_tokens=33, block_size=block_size)
         assert out == ref, block_size
@@ -158,7 +159,7 @@ def test_interrupted_generation_leaves_a_consistent_cache(loaded, family):
     model, tok, draft = loaded(family)
     prompt = long_prompt(model, tok)
     ref = plain(model, tok, prompt, 40)
-    drafter = oracle(draft, prompt + ref, lambda k: k == 4)
+    drafter = oracle(draft, prompt + ref, lambda k, i: k == 4)
     cache = make_prompt_cache(model, drafter)
     gen = stream_generate(model, drafter, tok, prompt, max_tokens=40, block_size=8,
                           prompt_cache=cache)

@@ -1,0 +1,65 @@
+"""End to end: speculative sampling through stream_generate has the target's distribution."""
+
+import itertools
+
+import mlx.core as mx
+import numpy as np
+
+from dflash_mlx import SamplingParams, load, load_draft, stream_generate
+from dflash_mlx.draft import Model
+from test_verify import chi2, chi2_critical
+
+
+class CloseDraft(Model):
+    """Proposes from a distorted copy of the target's next-token logits (position 1)."""
+
+    def __init__(self, args, target_model, prompt):
+        super().__init__(args)
+        self.target_model, self.prompt = target_model, list(prompt)
+
+    def __call__(self, block_embeddings, cache):
+        table = self.target_model.model.embed_tokens.weight
+        last = mx.argmin(mx.sum(mx.abs(table - block_embeddings[0, 0]), axis=-1)).item()
+        self._last, self._len = last, block_embeddings.shape[1]
+        return super().__call__(block_embeddings, cache)
+
+    def finalize_logits(self, logits):
+        row = self.target_model(mx.array([self.prompt + [self._last]]))[0, -1]
+        return mx.broadcast_to(row * 1.7, (1, self._len - 1, row.shape[-1]))
+
+
+def test_sampled_generation_matches_target_distribution(tiny_pair):
+    t, d = tiny_pair("qwen3")
+    model, tok = load(str(t))
+    tok.eos_token_ids = set()
+    draft = load_draft(str(d))
+    prompt = tok.encode("The quick brown fox")
+    params = SamplingParams(temperature=1.0, top_k=3)
+    close = CloseDraft(draft.args, model, prompt)
+    close.update(draft.parameters())
+
+    def probs(prefix):
+        return np.array(params.probs(model(mx.array([prefix]))[0, -1]))
+
+    exact = {}
+    p1 = probs(prompt)
+    for a in np.flatnonzero(p1):
+        p2 = probs(prompt + [int(a)])
+        for b in np.flatnonzero(p2):
+            p3 = probs(prompt + [int(a), int(b)])
+            for c in np.flatnonzero(p3):
+                exact[(int(a), int(b), int(c))] = p1[a] * p2[b] * p3[c]
+    outcomes = list(exact)
+
+    mx.random.seed(7)
+    counts = np.zeros(len(outcomes))
+    accepted = 0
+    for _ in range(1500):
+        responses = list(stream_generate(model, close, tok, prompt, block_size=3, max_tokens=3,
+                                         temperature=1.0, top_k=3))
+        seq = tuple(t for r in responses for t in r.tokens)
+        counts[outcomes.index(seq)] += 1
+        accepted += responses[1].from_draft
+    stat, dof = chi2(counts, [exact[o] for o in outcomes])
+    assert stat < chi2_critical(dof), stat
+    assert 200 < accepted < 1400  # the draft is accepted often, but not always
