@@ -214,11 +214,11 @@ def stream_generate(
     block_size = block_size or (draft.args.block_size if draft is not None else 1)
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}.")
-    target = _as_target(model, draft)
     if draft is not None:
         from .loading import check_compatible
 
-        check_compatible(target, draft)
+        check_compatible(model, draft)
+    target = _as_target(model, draft)
     tokenizer = _wrap_tokenizer(tokenizer)
     ids = encode_prompt(tokenizer, prompt)
     if not ids:

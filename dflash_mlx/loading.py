@@ -143,8 +143,8 @@ def load_draft(path_or_repo: str, target=None) -> draft_module.Model:
 
 def check_compatible(target, draft):
     """Raise a ValueError naming both models if `draft` cannot serve `target`."""
-    if not isinstance(target, Target):
-        target = Target(target)
+    if not isinstance(target, Target) or target.feature_layer_ids:
+        target = Target(target.model if isinstance(target, Target) else target)
     d, t = draft.args, target
     dname = getattr(draft, "name_or_path", "the drafter")
     tname = getattr(target.model, "name_or_path", f"the {t.model_type} target")

@@ -103,6 +103,11 @@ class Target:
     def __init__(self, model: nn.Module, feature_layer_ids: Sequence[int] = ()):
         self.model = model
         self.model_type = model_type(model)
+        if self.model_type not in SUPPORTED_MODEL_TYPES:
+            raise ValueError(
+                f"DFlash does not support '{self.model_type}' targets yet. "
+                f"Supported: {', '.join(SUPPORTED_MODEL_TYPES)}."
+            )
         self.lm, self.inner = _text_parts(model)
         self.layers = list(self.inner.layers)
         self.feature_layer_ids = tuple(int(i) for i in feature_layer_ids)
