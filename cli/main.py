@@ -18,5 +18,10 @@ def version():
     typer.echo(__version__)
 
 
+from .bench import bench  # noqa: E402
+
+app.command("bench")(bench)
+
+
 if __name__ == "__main__":
     app()

@@ -1,0 +1,159 @@
+"""`dflash-mlx bench`: plain mlx-lm decoding vs DFlash on bundled or custom prompt sets."""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+
+@dataclass
+class BenchOptions:
+    dataset: str
+    model: Optional[str] = None
+    draft: Optional[str] = None
+    max_samples: Optional[int] = None
+    max_tokens: int = 256
+    block_size: Optional[str] = None
+    temp: float = 0.0
+    thinking: bool = False
+    seed: int = 42
+    json_out: Optional[Path] = None
+    plot: Optional[Path] = None
+    engines: list[str] = field(default_factory=list)
+
+
+def resolve_models(model: Optional[str], draft: Optional[str]) -> tuple[str, str]:
+    """Target and drafter ids: as given, else the package defaults / the drafter registry."""
+    if model is None:
+        try:
+            from dflash_mlx import defaults
+        except ImportError as e:
+            raise ValueError("This build has no default model: pass --model and --draft.") from e
+        model = str(defaults.default_target())
+        draft = draft or str(defaults.default_draft())
+    if draft is None:
+        try:
+            from dflash_mlx.registry import drafter_for
+        except ImportError as e:
+            raise ValueError(f"No drafter registry in this build to find the drafter for "
+                             f"'{model}': pass --draft.") from e
+        draft = drafter_for(model)
+        if not draft:
+            raise ValueError(f"No known DFlash drafter for '{model}': pass --draft.")
+    return str(model), str(draft)
+
+
+def _engines(opts: BenchOptions, model, draft, tokenizer, ids: tuple[str, str]) -> dict:
+    from mlx_lm.sample_utils import make_sampler
+
+    from dflash_mlx import bench
+    from dflash_mlx.loading import DRAFT_FILES, TARGET_FILES, resolve_path
+
+    engines = {
+        bench.BASELINE: bench.mlx_lm_engine(model, tokenizer, make_sampler(opts.temp)),
+        "dflash": bench.dflash_engine(model, draft, tokenizer, opts.temp),
+    }
+    for name in opts.engines:
+        if name == "reference":
+            engines["reference"] = bench.reference_engine(
+                resolve_path(ids[0], TARGET_FILES, "Target model"),
+                resolve_path(ids[1], DRAFT_FILES, "Drafter"), opts.temp)
+        elif name != "dflash":
+            raise ValueError(f"Unknown --engine '{name}': the choices are dflash and reference.")
+    return engines
+
+
+def execute(opts: BenchOptions, out=None, engines: Optional[dict] = None) -> int:
+    """Run the benchmark and render it; the exit code (non-zero on a losslessness failure).
+
+    `engines` replaces engines by name (tests pass a deliberately wrong one)."""
+    from dflash_mlx import bench, load, load_draft
+
+    from . import bench_ui as ui
+
+    out = out or ui.console()
+    config = bench.BenchConfig(
+        datasets=[opts.dataset], block_sizes=bench.parse_block_sizes(opts.block_size) or [],
+        max_samples=opts.max_samples, max_tokens=opts.max_tokens, temperature=opts.temp,
+        thinking=opts.thinking, seed=opts.seed)
+    if opts.max_samples is not None and opts.max_samples < 1:
+        raise ValueError(f"--max-samples must be at least 1, got {opts.max_samples}.")
+    if opts.temp < 0:
+        raise ValueError(f"--temp must be >= 0, got {opts.temp}.")
+    samples = bench.load_samples(config)
+    config.datasets = list(samples)
+    ids = resolve_models(opts.model, opts.draft)
+    ui.loading(out, f"target {ids[0]}")
+    model, tokenizer = load(ids[0])
+    ui.loading(out, f"drafter {ids[1]}")
+    draft = load_draft(ids[1], target=model)
+    config.block_sizes = config.block_sizes or [draft.args.block_size]
+    all_engines = _engines(opts, model, draft, tokenizer, ids)
+    all_engines.update(engines or {})
+    env = bench.environment(model, draft, *ids)
+    ui.environment(out, env)
+
+    records, tally, interrupted = [], bench.Tally(), False
+    with ui.progress(out) as bar:
+        task = bar.add_task("warm-up", total=bench.count_turns(samples),
+                            speedup=ui.speedup_text(None))
+        try:
+            for i, turn in enumerate(bench.run(tokenizer, all_engines, samples, config)):
+                records.extend(turn)
+                tally.add(turn)
+                bar.update(task, advance=1, description=turn[0].dataset,
+                           speedup=ui.speedup_text(tally.speedup()))
+        except KeyboardInterrupt:
+            interrupted = True
+    if interrupted:
+        ui.error(out, f"interrupted: summarising the {len(records)} runs measured so far.")
+
+    summary = bench.summarize(records)
+    summary["interrupted"] = interrupted
+    ui.results(out, summary, config.temperature)
+    if not summary["lossless"]:
+        ui.lossless_failure(out, summary["failures"])
+    if opts.json_out is not None:
+        opts.json_out.parent.mkdir(parents=True, exist_ok=True)
+        opts.json_out.write_text(json.dumps(bench.report(config, env, records, summary), indent=1))
+        ui.note(out, f"wrote {opts.json_out}")
+    if opts.plot is not None:
+        bench.write_plot(records, summary, opts.plot)
+        ui.note(out, f"wrote {opts.plot}")
+    out.file.flush()
+    typer.echo(json.dumps(bench.compact(summary), separators=(",", ":")))
+    if not summary["lossless"]:
+        return 1
+    return 130 if interrupted else 0
+
+
+def bench(
+    dataset: str = typer.Option(..., "--dataset", "-d", help="gsm8k, math500, humaneval, mbpp, "
+                                "mt-bench, all, a comma list, or a .jsonl file of prompts/turns."),
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Target: Hub id or folder."),
+    draft: Optional[str] = typer.Option(None, "--draft", help="DFlash drafter: Hub id or folder."),
+    max_samples: Optional[int] = typer.Option(None, "--max-samples", "-n",
+                                              help="Prompts per dataset (default: all)."),
+    max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer."),
+    block_size: Optional[str] = typer.Option(None, "--block-size", "-b",
+                                             help="16, or a sweep like 4,8,16 (default: the drafter's)."),
+    temp: float = typer.Option(0.0, "--temp", help="Sampling temperature (0 = greedy, checked lossless)."),
+    thinking: bool = typer.Option(False, "--thinking", help="enable_thinking in the chat template."),
+    seed: int = typer.Option(42, "--seed", help="Sample draw (42 = the reference's) and sampling seed."),
+    json_out: Optional[Path] = typer.Option(None, "--json", help="Write every record + summary here."),
+    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG (needs dflash-mlx[plot])."),
+    engine: list[str] = typer.Option([], "--engine", help="Also measure: reference (the dflash package)."),
+):
+    """Measure plain mlx-lm decoding against DFlash, prompt by prompt, and check losslessness."""
+    from . import bench_ui as ui
+
+    opts = BenchOptions(dataset, model, draft, max_samples, max_tokens, block_size, temp,
+                        thinking, seed, json_out, plot, list(engine))
+    try:
+        code = execute(opts)
+    except ValueError as e:
+        ui.error(ui.console(stderr=True), str(e))
+        raise typer.Exit(2) from None
+    raise typer.Exit(code)

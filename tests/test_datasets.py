@@ -1,0 +1,108 @@
+"""Bundled benchmark prompt sets and custom JSONL prompt files."""
+
+import json
+import random
+
+import pytest
+
+from dflash_mlx import datasets as ds
+
+SIZES = {"gsm8k": 1319, "math500": 500, "humaneval": 164, "mbpp": 257, "mt-bench": 80}
+REASON = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+
+
+@pytest.mark.parametrize("name", ds.DATASETS)
+def test_bundled_set_loads_whole(name):
+    samples = ds.load_dataset(name)
+    assert len(samples) == SIZES[name]
+    assert len({s.id for s in samples}) == len(samples)
+    turns = 2 if name == "mt-bench" else 1
+    assert all(len(s.turns) == turns and all(t.strip() for t in s.turns) for s in samples)
+    assert all(s.dataset == name for s in samples)
+
+
+def test_formats_match_the_reference_benchmark():
+    g = ds.load_dataset("gsm8k")
+    first = next(s for s in g if s.id == "gsm8k/0")
+    assert first.turns[0].startswith("Janet’s ducks lay 16 eggs per day.")
+    assert first.turns[0].endswith("farmers' market?" + REASON)
+    assert first.answer.endswith("#### 18")
+    m = ds.load_dataset("math500")
+    assert all(s.turns[0].endswith(REASON) for s in m)
+    h = {s.id: s for s in ds.load_dataset("humaneval")}["HumanEval/0"]
+    assert h.turns[0].startswith("Write a solution to the following problem and make sure that "
+                                 "it passes the tests:\n```python\nfrom typing import List\n")
+    assert h.turns[0].endswith("\n```")
+    mb = {s.id: s for s in ds.load_dataset("mbpp")}
+    assert set(map(int, mb)) <= set(range(11, 511)) and "2" not in mb
+    assert mb["11"].turns[0] == "Write a python function to remove first and last occurrence of a given character from the string."
+    mt = {s.id: s for s in ds.load_dataset("mt-bench")}["81"]
+    assert mt.turns[0].startswith("Compose an engaging travel blog post about a recent trip to Hawaii")
+    assert mt.turns[1] == "Rewrite your previous response. Start every sentence with the letter A."
+
+
+def test_draw_is_the_reference_shuffle_and_seeded():
+    whole = ds.bundled("humaneval")
+    assert whole[0].id == "HumanEval/0"
+    order = list(range(len(whole)))
+    random.Random(42).shuffle(order)
+    assert [s.id for s in ds.load_dataset("humaneval", 5)] == [whole[i].id for i in order[:5]]
+    assert ds.load_dataset("humaneval", 5, seed=42) == ds.load_dataset("humaneval", 5)
+    assert ds.load_dataset("humaneval", 5, seed=7) != ds.load_dataset("humaneval", 5)
+    assert len(ds.load_dataset("mt-bench", 1000)) == 80
+
+
+def test_resolve_names_all_and_paths(tmp_path):
+    assert ds.resolve("all") == list(ds.DATASETS)
+    assert ds.resolve("gsm8k,mbpp,gsm8k") == ["gsm8k", "mbpp"]
+    f = tmp_path / "mine.txt"
+    f.write_text('"hi"\n')
+    assert ds.resolve(f"{f}") == [str(f)]
+    with pytest.raises(ValueError, match="Unknown dataset 'gsm9k'.*mt-bench"):
+        ds.resolve("gsm9k")
+    with pytest.raises(ValueError, match="No dataset"):
+        ds.resolve(" , ")
+
+
+def test_custom_jsonl(tmp_path):
+    f = tmp_path / "prompts.jsonl"
+    rows = ['"a plain string"', json.dumps({"prompt": "one turn", "id": "x1", "answer": "42"}),
+            "", json.dumps({"turns": ["first", "second"]})]
+    f.write_text("\n".join(rows) + "\n")
+    samples = ds.load_dataset(str(f))
+    assert sorted(s.turns for s in samples) == [("a plain string",), ("first", "second"),
+                                                ("one turn",)]
+    assert {s.dataset for s in samples} == {"prompts"}
+    assert next(s for s in samples if s.id == "x1").answer == "42"
+
+
+@pytest.mark.parametrize("line, match", [
+    ("{not json", "line 2 is not valid JSON"),
+    ('{"text": "no prompt field"}', "line 2: each line must be"),
+    ('{"turns": ["ok", ""]}', "line 2: each line must be"),
+    ("17", "line 2: each line must be"),
+])
+def test_custom_jsonl_errors_name_the_line(tmp_path, line, match):
+    f = tmp_path / "bad.jsonl"
+    f.write_text('"fine"\n' + line + "\n")
+    with pytest.raises(ValueError, match=match):
+        ds.load_dataset(str(f))
+
+
+def test_missing_or_empty_prompt_file(tmp_path):
+    with pytest.raises(ValueError, match="does not exist"):
+        ds.load_jsonl(tmp_path / "nope.jsonl")
+    (tmp_path / "empty.jsonl").write_text("\n\n")
+    with pytest.raises(ValueError, match="no prompts"):
+        ds.load_jsonl(tmp_path / "empty.jsonl")
+
+
+def test_data_folder_is_small_licensed_and_has_no_training_split():
+    files = {p.name: p.stat().st_size for p in ds.DATA_DIR.iterdir()}
+    bench_files = [spec.file for spec in ds.BUNDLED.values()]
+    assert sum(files[f] for f in bench_files) < 600_000
+    assert not any("train" in f for f in bench_files)
+    for licence in ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench"):
+        assert files.get(f"LICENSE.{licence}", 0) > 100
+    assert "SOURCES.md" in files
+    assert all(f.endswith(".jsonl.gz") for f in bench_files)
