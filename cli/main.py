@@ -18,6 +18,13 @@ def version():
     typer.echo(__version__)
 
 
+from .chat import chat  # noqa: E402
+from .generate import generate  # noqa: E402
+
+app.command("chat")(chat)
+app.command("generate")(generate)
+
+
 from .bench import bench  # noqa: E402
 
 app.command("bench")(bench)
