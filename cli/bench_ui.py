@@ -45,7 +45,8 @@ def sparkline(hist: list[float]) -> str:
     top = max(hist, default=0.0)
     if top <= 0:
         return "–"
-    return "".join(SPARK[round(h / top * (len(SPARK) - 1))] if h > 0 else "·" for h in hist)
+    return "".join(SPARK[max(1, round(h / top * (len(SPARK) - 1)))] if h > 0 else "·"
+                   for h in hist)
 
 
 def histogram(row: dict, width: int = 30) -> Text:
@@ -59,7 +60,7 @@ def histogram(row: dict, width: int = 30) -> Text:
     for tau, h in enumerate(hist[: last + 1], 1):
         t.append(f"  τ={tau:<3d}")
         t.append("█" * round(h / top * width), style="cyan")
-        t.append(f" {100 * h:.1f}%\n")
+        t.append(f" {100 * h:.1f}%\n" if h == 0 or h >= 0.001 else " <0.1%\n")
     return t
 
 
