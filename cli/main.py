@@ -20,9 +20,11 @@ def version():
 
 from .chat import chat  # noqa: E402
 from .generate import generate  # noqa: E402
+from .train import train  # noqa: E402
 
 app.command("chat")(chat)
 app.command("generate")(generate)
+app.command("train")(train)
 
 
 from .bench import bench  # noqa: E402

@@ -1,0 +1,129 @@
+"""`dflash-mlx train` as a library call: data → features → training → export.
+
+Every stage is resumable: run the same command again after an interruption and it
+skips cached responses and features and continues from the newest checkpoint.
+Layout of the output folder:
+
+    OUT/config.json, model.safetensors, README.md   the drafter (z-lab format)
+    OUT/data/responses.jsonl, meta.json             regenerated responses (token ids)
+    OUT/features/layers-…/shard-*.safetensors       cached target features (if cached)
+    OUT/checkpoints/step-*/                         weights + optimizer + counters
+"""
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator, Optional
+
+import numpy as np
+
+from .data import (check_meta, encode_chat, load_prompts, read_samples, regenerate,
+                   samples_for_training, split_prompts)
+from .export import DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_LAYERS, export_drafter, new_drafter, new_drafter_args
+from .features import FeatureStore, choose_mode
+from .loop import TrainConfig, Trainer
+
+
+@dataclass
+class TrainOptions:
+    target: str
+    out: Path
+    prompts: list = field(default_factory=lambda: ["bundled:gsm8k-train"])
+    max_prompts: int = 0  # 0 = all
+    val_prompts: int = 16
+    draft_layers: int = DEFAULT_DRAFT_LAYERS
+    block_size: int = DEFAULT_BLOCK_SIZE
+    target_layer_ids: Optional[list] = None
+    mask_token_id: Optional[int] = None
+    max_new_tokens: int = 256
+    max_len: int = 3072
+    gen_batch_size: int = 32
+    temperature: float = 0.0
+    features: str = "auto"  # auto | cache | fly
+    feature_budget_gb: float = 20.0
+    train: TrainConfig = field(default_factory=TrainConfig)
+
+
+@dataclass
+class Stage:
+    name: str  # "data" | "features" | "train" | "export"
+    detail: str = ""
+
+
+@dataclass
+class Finished:
+    path: Path
+    steps: int
+    tau: Optional[float]
+    samples: int
+    train_seconds: float
+
+
+def _prompt_sets(opts: TrainOptions):
+    prompts = [p for spec in opts.prompts for p in load_prompts(spec)]
+    if not prompts:
+        raise ValueError("The prompt sets are empty: pass --prompts with at least one prompt.")
+    order = np.random.default_rng(opts.train.seed).permutation(len(prompts))
+    train, val = split_prompts([prompts[i] for i in order], opts.val_prompts)
+    if opts.max_prompts > 0:
+        train = train[: opts.max_prompts]
+    return train, val
+
+
+def _truncate(samples, max_len: int):
+    for s in samples:
+        s.response = s.response[: max(0, max_len - len(s.prompt))]
+    return samples
+
+
+def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
+    """Yield Stage, DataProgress, FeatureProgress, Step/Val/SaveEvent, then Finished."""
+    from ..loading import load
+    from ..target import Target
+
+    out = Path(opts.out)
+    if model is None:
+        model, tokenizer = load(opts.target)
+    train_prompts, val_prompts = _prompt_sets(opts)
+
+    yield Stage("data", f"{len(train_prompts)} prompts, responses by the target "
+                        f"({'greedy' if opts.temperature == 0 else f'temperature {opts.temperature}'})")
+    data = out / "data"
+    check_meta(data / "meta.json", {"target": str(opts.target), "temperature": opts.temperature,
+                                    "max_new_tokens": opts.max_new_tokens})
+    yield from regenerate(model, tokenizer, train_prompts, data / "responses.jsonl",
+                          opts.max_new_tokens, opts.max_len, opts.gen_batch_size,
+                          opts.temperature, opts.train.seed)
+    keep = {p.id for p in train_prompts}
+    samples = samples_for_training(_truncate(read_samples(data / "responses.jsonl"), opts.max_len),
+                                   keep)
+
+    probe = Target(model)
+    args = new_drafter_args(probe, opts.draft_layers, opts.block_size, opts.target_layer_ids,
+                            opts.mask_token_id)
+    target = Target(model, args.target_layer_ids)
+    mode, why = choose_mode(opts.features, samples, target, out / "features", opts.feature_budget_gb)
+    yield Stage("features", f"{mode}: {why}")
+    store = FeatureStore(target, samples, mode, out / "features")
+    yield from store.prepare()
+
+    draft = new_drafter(args, opts.train.seed)
+    val_ids = [encode_chat(tokenizer, p.messages) for p in val_prompts]
+    trainer = Trainer(target, draft, tokenizer, samples, store, opts.train, out, val_ids)
+    start = trainer.resume()
+    yield Stage("train", f"{len(samples)} samples, steps {start}→{trainer.total}, "
+                         f"{opts.draft_layers} layers, block {opts.block_size}, "
+                         f"target layers {args.target_layer_ids}")
+    if start >= trainer.total and not trainer.history.val:
+        ev = trainer.validate()
+        if ev is not None:
+            yield ev
+    yield from trainer.run()
+
+    tau = trainer.history.val[-1][1] if trainer.history.val else None
+    card = {"target": str(opts.target), "data": ", ".join(opts.prompts), "samples": len(samples),
+            "steps": trainer.step, "batch": opts.train.batch_size, "lr": opts.train.lr,
+            "tau": tau, "val_prompts": len(val_ids),
+            "train_time": f"{trainer.history.train_seconds / 60:.1f} min of training"}
+    yield Stage("export", str(out))
+    export_drafter(draft, out, card, dtype=target.dtype)
+    yield Finished(out, trainer.step, tau, len(samples), trainer.history.train_seconds)
