@@ -17,6 +17,7 @@ COMMANDS = {
     "/stats": "session statistics",
     "/temp X": "set the sampling temperature (0 = greedy)",
     "/block N": "set the verify block size (1 = plain decoding)",
+    "/max N": "set the maximum tokens per answer (-1: up to the context)",
     "/draft on|off": "speculative decoding on, or plain decoding to compare",
     "/color on|off": "colour tokens by source (drafted vs target)",
     "/save PATH": "save the transcript (.json, otherwise Markdown)",
@@ -364,6 +365,12 @@ class ChatSession:
                 raise ValueError("No drafter loaded: restart with --draft to use blocks > 1.")
             s.block_size = value
             return "info", f"Block size {value}."
+        if name == "/max":
+            value = _number(arg, int, "/max 512")
+            if value == 0 or value < -1:
+                raise ValueError("Max tokens must be positive, or -1 for up to the context: /max 512")
+            s.max_tokens = value
+            return "info", f"Max tokens {value}."
         if name == "/draft":
             if arg not in ("on", "off"):
                 raise ValueError("Usage: /draft on  or  /draft off")

@@ -118,7 +118,10 @@ def test_slash_commands_change_state(pair, tmp_path):
     s.command("/temp 0.7")
     assert s.settings.temperature == 0.7
     s.command("/temp 0")
-    for bad in ("/temp x", "/temp -1", "/block 0", "/draft maybe", "/nope", "/save"):
+    s.command("/max 7")
+    assert s.settings.max_tokens == 7
+    s.command("/max 12")
+    for bad in ("/temp x", "/temp -1", "/block 0", "/draft maybe", "/nope", "/save", "/max 0"):
         with pytest.raises(ValueError):
             s.command(bad)
     s.command("/block 4")
