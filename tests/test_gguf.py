@@ -49,8 +49,10 @@ def _reference(targets, family, quant, pre="gpt-2"):
 
     src = targets(family)
     path = targets.root / f"{family}-{quant}.gguf"
-    weights = gguf_writer.write_target(src, path, quant, pre)
-    ref = gguf_writer.save_reference(src, weights, targets.root / f"{family}-{quant}-ref")
+    ref = targets.root / f"{family}-{quant}-ref"
+    if not ref.exists():
+        weights = gguf_writer.write_target(src, path, quant, pre)
+        gguf_writer.save_reference(src, weights, ref)
     return path, load(str(ref))[0]
 
 
@@ -193,3 +195,19 @@ def _greedy_ids(model, prompt, n):
 
     steps = generate_step(mx.array(prompt), model, max_tokens=n, sampler=make_sampler(0.0))
     return [int(t) for t, _ in steps]
+
+
+@pytest.mark.parametrize("dequantize", [False, True])
+def test_dflash_on_quantized_gguf_target_is_lossless(targets, dequantize):
+    from dflash_mlx import load_draft, stream_generate
+
+    path, _ = _reference(targets, "llama", "Q4_1")
+    model, tok = load_gguf(path, dequantize=dequantize)
+    draft_dir = targets.root / "llama-draft"
+    if not draft_dir.exists():
+        tiny.make_draft(draft_dir, targets("llama"))
+    draft = load_draft(str(draft_dir), model)
+    tokens = []
+    for r in stream_generate(model, draft, tok, PROMPT, block_size=4, max_tokens=16):
+        tokens += r.tokens
+    assert tokens == _greedy(model)
