@@ -42,7 +42,7 @@ def choose_mode(requested: str, samples: Sequence[Sample], target, folder: Path,
 
 def compute(target, tokens: Sequence[int]) -> mx.array:
     """(1, T, n·hidden) fused features of `tokens` from a fresh target cache."""
-    _, fused = target(mx.array(list(tokens))[None], target.make_cache())
+    _, fused = target(mx.array([int(t) for t in tokens])[None], target.make_cache())
     return mx.stop_gradient(fused)
 
 

@@ -75,14 +75,25 @@ def _truncate(samples, max_len: int):
     return samples
 
 
+def load_target(spec: str):
+    """A folder / Hub id through `dflash_mlx.load`; a .gguf file dequantized (exact weights,
+    fast plain matmuls for the many forwards of data generation and features)."""
+    if str(spec).endswith(".gguf"):
+        from ..gguf import load_gguf
+
+        return load_gguf(str(spec), dequantize=True)
+    from ..loading import load
+
+    return load(str(spec))
+
+
 def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
     """Yield Stage, DataProgress, FeatureProgress, Step/Val/SaveEvent, then Finished."""
-    from ..loading import load
     from ..target import Target
 
     out = Path(opts.out)
     if model is None:
-        model, tokenizer = load(opts.target)
+        model, tokenizer = load_target(opts.target)
     train_prompts, val_prompts = _prompt_sets(opts)
 
     yield Stage("data", f"{len(train_prompts)} prompts, responses by the target "
