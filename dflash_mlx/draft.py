@@ -96,6 +96,54 @@ class ModelArgs:
                 **top, "dflash_config": dflash}
 
 
+class WindowedKVCache:
+    """Context KV cache that keeps only the latest `window` positions (RoPE stays absolute).
+
+    Appends are cheap concatenations; the window is enforced when context is absorbed,
+    so a block's own keys (appended, then trimmed) never evict context.
+    """
+
+    def __init__(self, window: int):
+        self.window = window
+        self.keys = self.values = None
+        self.offset = 0  # absolute position of the next key
+        self._size = 0  # keys currently held
+
+    def update_and_fetch(self, keys, values):
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = mx.concatenate([self.keys[..., : self._size, :], keys], axis=2)
+            self.values = mx.concatenate([self.values[..., : self._size, :], values], axis=2)
+        self._size += keys.shape[2]
+        self.offset += keys.shape[2]
+        return self.keys, self.values
+
+    def evict(self):
+        if self._size > self.window:
+            self.keys = self.keys[..., self._size - self.window : self._size, :]
+            self.values = self.values[..., self._size - self.window : self._size, :]
+            self._size = self.window
+
+    def size(self) -> int:
+        return self._size
+
+    def trim(self, n: int) -> int:
+        # Context evicted earlier cannot come back; the drafter then sees less of it,
+        # which only affects its proposals, never the output.
+        n = min(n, self.offset)
+        self.offset -= n
+        self._size = max(self._size - n, 0)
+        return n
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    @property
+    def state(self):
+        return [] if self.keys is None else [self.keys, self.values]
+
+
 class MLP(nn.Module):
     def __init__(self, dim: int, hidden_dim: int):
         super().__init__()
@@ -136,6 +184,8 @@ class Attention(nn.Module):
     def absorb(self, ctx: mx.array, cache: KVCache):
         """Append the context's keys/values (at their absolute positions) to the cache."""
         cache.update_and_fetch(*self._keys_values(ctx, cache.offset))
+        if isinstance(cache, WindowedKVCache):
+            cache.evict()
 
     def __call__(self, x, mask, cache: KVCache):
         B, L, _ = x.shape
@@ -185,13 +235,31 @@ class Model(nn.Module):
         self.hidden_norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.layers = [DecoderLayer(args, t) for t in args.layer_types]
         self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.context_window: Optional[int] = None  # bound on absorbed context, if any
 
-    def make_cache(self) -> list[KVCache]:
-        return [KVCache() for _ in self.layers]
+    @property
+    def dtype(self):
+        """Activation dtype: that of the (never quantized) norm weights."""
+        return self.norm.weight.dtype
+
+    def make_cache(self, context_window: Optional[int] = None) -> list:
+        """Per-layer context caches; sliding layers keep only what their window sees.
+
+        `context_window` bounds every layer's context (drafts only, output stays exact).
+        """
+        caches = []
+        context_window = context_window or self.context_window
+        for layer in self.layers:
+            window = context_window
+            if layer.layer_type == "sliding_attention":
+                own = self.args.sliding_window - 1
+                window = own if window is None else min(window, own)
+            caches.append(KVCache() if window is None else WindowedKVCache(window))
+        return caches
 
     def absorb(self, features: mx.array, cache: list[KVCache]):
         """Feed fused target features of newly committed tokens into the context cache."""
-        ctx = self.hidden_norm(self.fc(features))
+        ctx = self.hidden_norm(self.fc(features.astype(self.dtype)))
         for layer, c in zip(self.layers, cache):
             layer.self_attn.absorb(ctx, c)
 
@@ -203,14 +271,14 @@ class Model(nn.Module):
 
     def __call__(self, block_embeddings: mx.array, cache: list[KVCache]) -> mx.array:
         """Hidden states (normed) for a block; the block's keys/values are not kept."""
-        h = block_embeddings
+        h = block_embeddings.astype(self.dtype)
         L = h.shape[1]
         masks = {}
         for layer, c in zip(self.layers, cache):
-            t = layer.layer_type
-            if t not in masks:
-                masks[t] = self._mask(t, L, c.offset)
-            h = layer(h, masks[t], c)
+            key = (layer.layer_type, c.size())
+            if key not in masks:
+                masks[key] = self._mask(layer.layer_type, L, c.size())
+            h = layer(h, masks[key], c)
         for c in cache:
             c.trim(L)
         return self.norm(h)

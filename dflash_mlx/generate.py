@@ -63,7 +63,7 @@ class _Step:
             h = target.embed(block)
             if draft.args.input_embedding_scale != 1.0:
                 h = h * draft.args.input_embedding_scale
-            h = draft(h, cache.draft)[:, 1:]
+            h = draft(h, cache.draft)[:, 1:].astype(target.dtype)
             draft_logits = draft.finalize_logits(target.logits(h))[0]
             if params.greedy:
                 drafts = mx.argmax(draft_logits, axis=-1)

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Optional
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from . import draft as draft_module
@@ -80,10 +81,23 @@ def _read_weights(path: Path, what: str) -> dict:
     return weights
 
 
-def load(path_or_repo: str, **kwargs):
-    """Load a target (model, tokenizer) with mlx-lm, from a Hub id or a local folder."""
+def load(path_or_repo: Optional[str] = None, **kwargs):
+    """Load a target (model, tokenizer): a Hub id, a local folder, a .gguf file, or
+    (with no argument) the built-in default target."""
     from mlx_lm.utils import load as mlx_lm_load
 
+    if path_or_repo is None:
+        from .defaults import default_target
+
+        path_or_repo = default_target()
+    if str(path_or_repo).endswith(".gguf"):
+        from .gguf import load_gguf
+
+        if not Path(path_or_repo).expanduser().is_file():
+            raise ValueError(f"GGUF file '{path_or_repo}' does not exist; check the path.")
+        model, tokenizer = load_gguf(str(Path(path_or_repo).expanduser()), **kwargs)
+        model.name_or_path = str(path_or_repo)
+        return model, tokenizer
     path = resolve_path(path_or_repo, TARGET_FILES, "Target model")
     config = _read_config(path, "Target model")
     kind = config.get("model_type")
@@ -101,8 +115,27 @@ def load(path_or_repo: str, **kwargs):
     return model, tokenizer
 
 
-def load_draft(path_or_repo: str, target=None) -> draft_module.Model:
-    """Load a DFlash drafter (z-lab format); with `target`, also check that it fits it."""
+def load_draft(
+    path_or_repo: Optional[str] = None,
+    target=None,
+    *,
+    bits: Optional[int] = None,
+    group_size: int = 64,
+    sliding_window_size: Optional[int] = None,
+) -> draft_module.Model:
+    """Load a DFlash drafter (z-lab format; with no argument, the built-in default's).
+
+    With `target`, also check that it fits it. `bits` (4 or 8) quantizes its linear
+    layers; `sliding_window_size` bounds the context it keeps (speed/memory, not output).
+    """
+    if path_or_repo is None:
+        from .defaults import default_draft
+
+        path_or_repo = default_draft()
+        if path_or_repo is None:
+            raise ValueError("The built-in default target has no drafter yet: pass a drafter path.")
+    if bits not in (None, 2, 3, 4, 5, 6, 8):
+        raise ValueError(f"bits must be one of 2, 3, 4, 5, 6, 8 (or None), got {bits}.")
     what = f"Drafter '{path_or_repo}'"
     path = resolve_path(path_or_repo, DRAFT_FILES, "Drafter")
     config = _read_config(path, what)
@@ -123,6 +156,10 @@ def load_draft(path_or_repo: str, target=None) -> draft_module.Model:
     if "sliding_attention" in args.layer_types and not args.sliding_window:
         raise ValueError(f"{what} has sliding_attention layers but no sliding_window in config.json.")
     model = draft_module.Model(args)
+    stored_quant = config.get("quantization")
+    if stored_quant:  # an already-quantized checkpoint (mlx-community style)
+        nn.quantize(model, stored_quant["group_size"], stored_quant["bits"],
+                    class_predicate=lambda p, m: isinstance(m, nn.Linear))
     weights = model.sanitize(_read_weights(path, what))
     expected = {k for k, _ in tree_flatten(model.parameters())}
     missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
@@ -133,9 +170,18 @@ def load_draft(path_or_repo: str, target=None) -> draft_module.Model:
         model.load_weights(list(weights.items()))
     except ValueError as e:
         raise ValueError(f"{what} weights do not match its config ({e}).") from e
+    if model.dtype == mx.float16:
+        # float16 activations overflow in the feature fusion (0% acceptance); bfloat16
+        # has float32's range.
+        model.set_dtype(mx.bfloat16)
+    if bits is not None and not stored_quant:
+        nn.quantize(model, group_size, bits,
+                    class_predicate=lambda p, m: isinstance(m, nn.Linear)
+                    and m.weight.shape[-1] % group_size == 0)
     model.eval()
     mx.eval(model.parameters())
     model.name_or_path = str(path_or_repo)
+    model.context_window = sliding_window_size
     if target is not None:
         check_compatible(target, model)
     return model

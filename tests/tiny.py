@@ -116,3 +116,27 @@ def make_draft(path: Path, target_path: Path, num_layers: int = 2, block_size: i
     mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
     (path / "config.json").write_text(json.dumps(margs.to_config(), indent=2))
     return path
+
+
+def quantize_target(src: Path, dst: Path, bits: int = 4, mixed: bool = False) -> Path:
+    """An mlx-community style quantized copy of a tiny target (mlx-lm's own quantization)."""
+    from mlx_lm.utils import load_model, quantize_model
+
+    model, config = load_model(src)
+
+    def predicate(path, module):
+        if not hasattr(module, "to_quantized"):
+            return False
+        if mixed and (".layers.0." in f".{path}." or "embed" in path):
+            return {"group_size": 32, "bits": 8}
+        return True
+
+    model, config = quantize_model(model, config, 32, bits, quant_predicate=predicate)
+    dst.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(dst / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    (dst / "config.json").write_text(json.dumps(config, indent=2))
+    for f in src.glob("*token*"):
+        shutil.copy(f, dst / f.name)
+    for f in src.glob("special_tokens_map.json"):
+        shutil.copy(f, dst / f.name)
+    return dst

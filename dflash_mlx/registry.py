@@ -1,0 +1,42 @@
+"""Which z-lab drafter serves which target, so users can name only the target."""
+
+import re
+from typing import Optional
+
+# Target base name (lower case, no owner, no quantization suffix) -> drafter repo.
+DRAFTERS = {
+    "qwen3-4b": "z-lab/Qwen3-4B-DFlash-b16",
+    "qwen3-8b": "z-lab/Qwen3-8B-DFlash-b16",
+    "qwen3-coder-30b-a3b-instruct": "z-lab/Qwen3-Coder-30B-A3B-DFlash",
+    "qwen3-coder-next": "z-lab/Qwen3-Coder-Next-DFlash",
+    "qwen3.5-4b": "z-lab/Qwen3.5-4B-DFlash",
+    "qwen3.5-9b": "z-lab/Qwen3.5-9B-DFlash",
+    "qwen3.5-27b": "z-lab/Qwen3.5-27B-DFlash",
+    "qwen3.5-35b-a3b": "z-lab/Qwen3.5-35B-A3B-DFlash",
+    "qwen3.5-122b-a10b": "z-lab/Qwen3.5-122B-A10B-DFlash",
+    "qwen3.6-27b": "z-lab/Qwen3.6-27B-DFlash",
+    "qwen3.6-35b-a3b": "z-lab/Qwen3.6-35B-A3B-DFlash",
+    "gpt-oss-20b": "z-lab/gpt-oss-20b-DFlash",
+    "gpt-oss-120b": "z-lab/gpt-oss-120b-DFlash",
+    "llama-3.1-8b-instruct": "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
+    "meta-llama-3.1-8b-instruct": "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
+    "kimi-k2.5": "z-lab/Kimi-K2.5-DFlash",
+}
+
+# Suffixes that mlx-community and others append to quantized or converted copies.
+_SUFFIX = re.compile(
+    r"(-(mlx|instruct-2507|[2-8]bit|[2-8]-bit|bf16|fp16|f16|fp8|mxfp4|mxfp8|nvfp4|dwq|awq|gptq"
+    r"|q[2-8](_[a-z0-9]+)?|optiq|dynamic|gguf))+$"
+)
+
+
+def base_name(target: str) -> str:
+    """'mlx-community/Qwen3.5-4B-4bit' -> 'qwen3.5-4b'."""
+    name = target.rstrip("/").rsplit("/", 1)[-1].lower()
+    name = re.sub(r"\.gguf$", "", name)
+    return _SUFFIX.sub("", name)
+
+
+def drafter_for(target: str) -> Optional[str]:
+    """The z-lab drafter for a target Hub id or folder name, or None when unknown."""
+    return DRAFTERS.get(base_name(target))
