@@ -202,6 +202,7 @@ class ChatSession:
         self.messages: list[dict] = []
         self.turns: list[TurnStats] = []
         self.cache = make_prompt_cache(model, draft)
+        self._sent: Optional[tuple[str, list[int]]] = None  # (text, ids) of the last exchange
 
     # -- template -------------------------------------------------------------------------
     @property
@@ -232,8 +233,7 @@ class ChatSession:
                                                   tokenize=False, **kwargs)
 
     def render(self, messages: Optional[list[dict]] = None) -> list[int]:
-        text = self.render_text(messages)
-        return self.tokenizer.encode(text, add_special_tokens=not self.template or self.raw)
+        return self.encode(self.render_text(messages))
 
     # -- state ------------------------------------------------------------------------------
     @property
@@ -256,8 +256,18 @@ class ChatSession:
         plain = [t.generation_tps for t in self.turns if t.mode == "plain" and t.generation_tokens >= 8]
         return sum(plain) / len(plain) if plain else None
 
+    def encode(self, prompt_text: str) -> list[int]:
+        """Prompt ids; the last exchange keeps its exact ids (the answer as generated, not
+        re-tokenized) when the template renders it verbatim, so the cache matches it."""
+        special = not self.template or self.raw
+        if self._sent and prompt_text.startswith(self._sent[0]):
+            rest = prompt_text[len(self._sent[0]):]
+            return self._sent[1] + (self.tokenizer.encode(rest, add_special_tokens=False) if rest else [])
+        return self.tokenizer.encode(prompt_text, add_special_tokens=special)
+
     def reset(self):
         self.messages.clear()
+        self._sent = None
         self.cache = make_prompt_cache(self.model, self.draft)
 
     def _cache_ok(self) -> bool:
@@ -275,7 +285,7 @@ class ChatSession:
             raise ValueError("Empty message: type something (or /help).")
         user = {"role": "user", "content": text}
         prompt_text = self.render_text(self.messages + [user])
-        ids = self.tokenizer.encode(prompt_text, add_special_tokens=not self.template or self.raw)
+        ids = self.encode(prompt_text)
         max_tokens = self.settings.max_tokens
         if self.context:
             room = self.context - len(ids)
@@ -284,9 +294,10 @@ class ChatSession:
                                  f"{self.context}: /reset the conversation or send a shorter message.")
             max_tokens = room if max_tokens < 0 else min(max_tokens, room)
         thinking = prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE)
-        return self._run(user, ids, max_tokens, thinking)
+        return self._run(user, prompt_text, ids, max_tokens, thinking)
 
-    def _run(self, user: dict, ids: list[int], max_tokens: int, thinking: bool) -> Iterator[Chunk]:
+    def _run(self, user: dict, prompt_text: str, ids: list[int], max_tokens: int,
+             thinking: bool) -> Iterator[Chunk]:
         s = self.settings
         if not self.reuse_cache:
             self.cache = make_prompt_cache(self.model, self.draft)
@@ -294,6 +305,7 @@ class ChatSession:
         stats = TurnStats(self.mode, self.block_size)
         splitter = _Splitter(self.tokenizer, thinking)
         answer: list[str] = [THINK_OPEN + "\n"] if thinking else []
+        generated: list[int] = []
         tic = time.perf_counter()
         gen = stream_generate(self.model, self.draft, self.tokenizer, ids,
                               block_size=self.block_size, max_tokens=max_tokens,
@@ -305,6 +317,7 @@ class ChatSession:
                 stats.add(r, time.perf_counter() - tic)
                 chunk = Chunk(r, splitter.split(r), stats)
                 answer.append(chunk.text)
+                generated += r.tokens[:-1] if r.finish_reason == "stop" else r.tokens
                 if r.finish_reason:
                     stats.finish_reason = r.finish_reason
                 yield chunk
@@ -318,8 +331,12 @@ class ChatSession:
             if failed:  # an error: drop the turn, start the caches afresh
                 self.messages.pop()
                 self.cache = make_prompt_cache(self.model, self.draft)
+                self._sent = None
             else:
-                self._finish(stats, "".join(answer))
+                content = "".join(answer)
+                self._finish(stats, content)
+                self._sent = (prompt_text + content[len(THINK_OPEN) + 1:] if thinking
+                              else prompt_text + content, ids + generated)
 
     def _finish(self, stats: TurnStats, content: str):
         stats.elapsed = stats.elapsed or 0.0

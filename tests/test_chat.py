@@ -53,11 +53,13 @@ def test_second_turn_reuses_the_cache_and_matches_a_fresh_prefill(pair):
     reuse, fresh = session(pair), session(pair, reuse_cache=False)
     for s in (reuse, fresh):
         run(s, "first question")
+    cached = reuse.cached_tokens
     a, _ = run(reuse, "a follow-up")
     b, _ = run(fresh, "a follow-up")
     assert a == b  # reuse is lossless
     first, second = reuse.turns
-    assert second.reused_tokens >= first.prompt_tokens  # the whole first prompt came from cache
+    # the whole first exchange came from the cache: the answer keeps its generated ids
+    assert second.reused_tokens == cached == first.prompt_tokens + first.generation_tokens - 1
     assert fresh.turns[1].reused_tokens == 0
     assert cache_consistent(reuse)
 
@@ -71,8 +73,9 @@ def test_close_mid_answer_keeps_partial_answer_marked(pair):
     assert last["interrupted"] is True and last["content"] == "".join(got)
     assert s.turns[-1].finish_reason == "interrupted"
     assert cache_consistent(s)
+    cached = s.cached_tokens
     text, _ = run(s, "go on")
-    assert s.turns[-1].reused_tokens >= s.turns[0].prompt_tokens
+    assert s.turns[-1].reused_tokens == cached > s.turns[0].prompt_tokens
     assert s.messages[-1]["content"] == text and "interrupted" not in s.messages[-1]
 
 
