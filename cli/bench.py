@@ -25,24 +25,25 @@ class BenchOptions:
 
 
 def resolve_models(model: Optional[str], draft: Optional[str]) -> tuple[str, str]:
-    """Target and drafter ids: as given, else the package defaults / the drafter registry."""
-    if model is None:
-        try:
-            from dflash_mlx import defaults
-        except ImportError as e:
-            raise ValueError("This build has no default model: pass --model and --draft.") from e
-        model = str(defaults.default_target())
-        draft = draft or str(defaults.default_draft())
+    """Target and drafter: as given, else the built-in default pair / the drafter registry."""
+    from dflash_mlx.chat import resolve_models as resolve
+
+    model, draft, _ = resolve(model, draft)
     if draft is None:
-        try:
-            from dflash_mlx.registry import drafter_for
-        except ImportError as e:
-            raise ValueError(f"No drafter registry in this build to find the drafter for "
-                             f"'{model}': pass --draft.") from e
-        draft = drafter_for(model)
-        if not draft:
-            raise ValueError(f"No known DFlash drafter for '{model}': pass --draft.")
+        raise ValueError(f"No DFlash drafter known for '{model}': pass --draft <folder or Hub id> "
+                         "(the benchmark compares plain decoding with DFlash).")
     return str(model), str(draft)
+
+
+def load_target(model: str):
+    """(model, tokenizer) from a folder, a Hub id or a .gguf file."""
+    if model.endswith(".gguf"):
+        from dflash_mlx.gguf import load_gguf
+
+        return load_gguf(model)
+    from dflash_mlx import load
+
+    return load(model)
 
 
 def _engines(opts: BenchOptions, model, draft, tokenizer, ids: tuple[str, str]) -> dict:
@@ -69,7 +70,7 @@ def execute(opts: BenchOptions, out=None, engines: Optional[dict] = None) -> int
     """Run the benchmark and render it; the exit code (non-zero on a losslessness failure).
 
     `engines` replaces engines by name (tests pass a deliberately wrong one)."""
-    from dflash_mlx import bench, load, load_draft
+    from dflash_mlx import bench, load_draft
 
     from . import bench_ui as ui
 
@@ -86,7 +87,7 @@ def execute(opts: BenchOptions, out=None, engines: Optional[dict] = None) -> int
     config.datasets = list(samples)
     ids = resolve_models(opts.model, opts.draft)
     ui.loading(out, f"target {ids[0]}")
-    model, tokenizer = load(ids[0])
+    model, tokenizer = load_target(ids[0])
     ui.loading(out, f"drafter {ids[1]}")
     draft = load_draft(ids[1], target=model)
     config.block_sizes = config.block_sizes or [draft.args.block_size]

@@ -350,23 +350,18 @@ class Tally:
 # --- environment -----------------------------------------------------------------------
 
 def detect_blas() -> str:
-    """Which BLAS MLX's CPU backend runs on (Linux: an OpenBLAS loaded into this process?)."""
+    """Which BLAS MLX's CPU backend runs on, e.g. 'OpenBLAS (/usr/lib/...)'."""
     import sys
+
+    from .blas import blas_in_use
 
     if sys.platform == "darwin":
         return "Accelerate/Metal"
-    if not sys.platform.startswith("linux"):
-        return "unknown"
-    try:
-        with open("/proc/self/maps") as f:
-            libs = {line.split()[-1] for line in f if ".so" in line}
-    except OSError:
-        return "unknown"
-    for name, label in (("libopenblas", "OpenBLAS"), ("libmkl", "MKL"), ("libblis", "BLIS")):
-        hit = sorted(p for p in libs if name in p.rsplit("/", 1)[-1])
-        if hit:
-            return f"{label} ({hit[0]})"
-    return "reference BLAS (slow)"
+    info = blas_in_use()
+    name = info["name"]
+    label = ("reference BLAS (slow)" if name.startswith("reference BLAS")
+             else name if info["fast"] else f"{name} (slow)")
+    return f"{label} ({info['path']})" if info["path"] else label
 
 
 def _cpu_name() -> str:
