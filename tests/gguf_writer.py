@@ -10,7 +10,6 @@ from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten
 
 TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
 ALIGN = 32
@@ -198,7 +197,3 @@ def save_reference(target_dir: Path, weights: dict, out: Path) -> Path:
     mx.save_safetensors(str(out / "model.safetensors"),
                         {k: mx.array(v) for k, v in weights.items()}, metadata={"format": "mlx"})
     return out
-
-
-def flat(model) -> dict:
-    return dict(tree_flatten(model.parameters()))
