@@ -35,17 +35,6 @@ def resolve_models(model: Optional[str], draft: Optional[str]) -> tuple[str, str
     return str(model), str(draft)
 
 
-def load_target(model: str):
-    """(model, tokenizer) from a folder, a Hub id or a .gguf file."""
-    if model.endswith(".gguf"):
-        from dflash_mlx.gguf import load_gguf
-
-        return load_gguf(model)
-    from dflash_mlx import load
-
-    return load(model)
-
-
 def _engines(opts: BenchOptions, model, draft, tokenizer, ids: tuple[str, str]) -> dict:
     from mlx_lm.sample_utils import make_sampler
 
@@ -58,6 +47,9 @@ def _engines(opts: BenchOptions, model, draft, tokenizer, ids: tuple[str, str]) 
     }
     for name in opts.engines:
         if name == "reference":
+            if ids[0].endswith(".gguf"):
+                raise ValueError("--engine reference loads targets with mlx-lm only: pass a "
+                                 "model folder or Hub id, not a .gguf file.")
             engines["reference"] = bench.reference_engine(
                 resolve_path(ids[0], TARGET_FILES, "Target model"),
                 resolve_path(ids[1], DRAFT_FILES, "Drafter"), opts.temp)
@@ -70,7 +62,7 @@ def execute(opts: BenchOptions, out=None, engines: Optional[dict] = None) -> int
     """Run the benchmark and render it; the exit code (non-zero on a losslessness failure).
 
     `engines` replaces engines by name (tests pass a deliberately wrong one)."""
-    from dflash_mlx import bench, load_draft
+    from dflash_mlx import bench, load, load_draft
 
     from . import bench_ui as ui
 
@@ -87,7 +79,7 @@ def execute(opts: BenchOptions, out=None, engines: Optional[dict] = None) -> int
     config.datasets = list(samples)
     ids = resolve_models(opts.model, opts.draft)
     ui.loading(out, f"target {ids[0]}")
-    model, tokenizer = load_target(ids[0])
+    model, tokenizer = load(ids[0])
     ui.loading(out, f"drafter {ids[1]}")
     draft = load_draft(ids[1], target=model)
     config.block_sizes = config.block_sizes or [draft.args.block_size]

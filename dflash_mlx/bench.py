@@ -126,8 +126,12 @@ def reference_engine(target_dir, draft_dir, temperature=0.0, top_p=1.0, top_k=0)
     values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ref.DFlashConfig)
               if hasattr(args, f.name)}
     values.update(target_layer_ids=tuple(args.target_layer_ids), layer_types=tuple(args.layer_types))
-    draft = ref.DFlashDraftModel(ref.DFlashConfig(**values))
+    v2 = args.architecture == "DFlash2DraftModel"
+    draft = (ref.DFlash2DraftModel if v2 else ref.DFlashDraftModel)(ref.DFlashConfig(**values))
     weights = {k: v for f in sorted(Path(draft_dir).glob("*.safetensors")) for k, v in mx.load(str(f)).items()}
+    for key in ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook"):
+        if key in weights:  # the reference keeps these as Embedding layers
+            weights[f"{key}.weight"] = weights.pop(key)
     draft.load_weights(list(weights.items()))
     draft.eval()
     mx.eval(draft.parameters())
