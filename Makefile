@@ -31,8 +31,11 @@ openblas:
 chat: setup
 	$(BIN)/dflash-mlx chat
 
+# Preload OpenBLAS where installed (as the CLI does): the suite runs several times faster.
+OPENBLAS_LIB = $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0))
+
 test: setup
-	$(BIN)/python -m pytest
+	LD_PRELOAD="$(OPENBLAS_LIB)" $(BIN)/python -m pytest
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,26 +1,36 @@
-"""DFlash speculative decoding on MLX: a block-diffusion drafter plus lossless verification."""
+"""DFlash speculative decoding on MLX: a block-diffusion drafter plus lossless verification.
 
-from .cache import PromptCache
-from .draft import Model as DFlashDraftModel
-from .draft import ModelArgs as DFlashConfig
-from .generate import GenerationResponse, generate, make_prompt_cache, stream_generate
-from .loading import check_compatible, load, load_draft
-from .target import Target
-from .verify import SamplingParams
+Exports load lazily so that `import dflash_mlx.blas` or `dflash-mlx --help` stay fast.
+"""
+
+from importlib import import_module
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "DFlashConfig",
-    "DFlashDraftModel",
-    "GenerationResponse",
-    "PromptCache",
-    "SamplingParams",
-    "Target",
-    "check_compatible",
-    "generate",
-    "load",
-    "load_draft",
-    "make_prompt_cache",
-    "stream_generate",
-]
+_EXPORTS = {
+    "DFlashConfig": ("draft", "ModelArgs"),
+    "DFlashDraftModel": ("draft", "Model"),
+    "GenerationResponse": ("generate", "GenerationResponse"),
+    "PromptCache": ("cache", "PromptCache"),
+    "SamplingParams": ("verify", "SamplingParams"),
+    "Target": ("target", "Target"),
+    "check_compatible": ("loading", "check_compatible"),
+    "generate": ("generate", "generate"),
+    "load": ("loading", "load"),
+    "load_draft": ("loading", "load_draft"),
+    "make_prompt_cache": ("generate", "make_prompt_cache"),
+    "stream_generate": ("generate", "stream_generate"),
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'dflash_mlx' has no attribute {name!r}")
+    module, attr = _EXPORTS[name]
+    return getattr(import_module(f".{module}", __name__), attr)
+
+
+def __dir__():
+    return sorted(list(globals()) + __all__)

@@ -227,13 +227,15 @@ def block_mask(block_len: int, context_len: int, window: Optional[int], causal: 
 class Model(nn.Module):
     """DFlash v1 drafter: fc + hidden_norm fuse target features; Qwen3-style layers."""
 
+    layer_class = DecoderLayer
+
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
         n_features = len(args.target_layer_ids) * args.hidden_size
         self.fc = nn.Linear(n_features, args.hidden_size, bias=False)
         self.hidden_norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
-        self.layers = [DecoderLayer(args, t) for t in args.layer_types]
+        self.layers = [self.layer_class(args, t) for t in args.layer_types]
         self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.context_window: Optional[int] = None  # bound on absorbed context, if any
 
@@ -282,6 +284,16 @@ class Model(nn.Module):
         for c in cache:
             c.trim(L)
         return self.norm(h)
+
+    def propose(self, hidden, logits, anchor, params):
+        """Block tokens from drafted-position logits (L, V): (tokens, q or None when greedy).
+
+        `hidden` and `anchor` (the token before the block) are unused by v1 drafters.
+        """
+        if params.greedy:
+            return mx.argmax(logits, axis=-1), None
+        q = params.probs(logits)
+        return mx.random.categorical(mx.log(q)), q
 
     def finalize_logits(self, logits: mx.array) -> mx.array:
         """Apply the drafter's output multiplier and soft-capping to head logits."""

@@ -63,13 +63,9 @@ class _Step:
             h = target.embed(block)
             if draft.args.input_embedding_scale != 1.0:
                 h = h * draft.args.input_embedding_scale
-            h = draft(h, cache.draft)[:, 1:].astype(target.dtype)
-            draft_logits = draft.finalize_logits(target.logits(h))[0]
-            if params.greedy:
-                drafts = mx.argmax(draft_logits, axis=-1)
-            else:
-                draft_probs = params.probs(draft_logits)
-                drafts = mx.random.categorical(mx.log(draft_probs))
+            h = draft(h, cache.draft)[0, 1:]
+            draft_logits = draft.finalize_logits(target.logits(h.astype(target.dtype)))
+            drafts, draft_probs = draft.propose(h, draft_logits, block[0, 0], params)
             verify_ids = mx.concatenate([block[0, :1], drafts.astype(block.dtype)])[None]
         else:
             drafts = mx.zeros((0,), dtype=block.dtype)
@@ -234,32 +230,40 @@ def stream_generate(
         tic = time.perf_counter()
         blocks = generate_blocks(target, draft, ids, prompt_cache, params, block_size,
                                  max_tokens, stop, prefill_step_size, generation_stream)
-        n, prompt_tps, reused = 0, 0.0, 0
-        for i, block in enumerate(blocks):
-            if i == 0:
-                reused = block.reused
-                prompt_tps = (len(ids) - reused) / max(time.perf_counter() - tic, 1e-9)
-                tic = time.perf_counter()
-            n += len(block.tokens)
-            for t in block.tokens[:-1] if block.finished else block.tokens:
-                detokenizer.add_token(t)
-            last = block.finished or 0 <= max_tokens <= n
-            if last:
-                detokenizer.finalize()
-            yield GenerationResponse(
-                text=detokenizer.last_segment,
-                tokens=block.tokens,
-                accepted=len(block.tokens) if i else None,
-                prompt_tokens=len(ids),
-                prompt_tps=prompt_tps,
-                generation_tokens=n,
-                generation_tps=n / max(time.perf_counter() - tic, 1e-9),
-                peak_memory=mx.get_peak_memory() / 1e9,
-                finish_reason=("stop" if block.finished else "length") if last else None,
-                from_draft=block.from_draft,
-                block_size=block.block_size,
-                reused_tokens=reused,
-            )
+        try:
+            yield from _responses(blocks, ids, max_tokens, detokenizer, tic)
+        finally:
+            blocks.close()  # roll back a block still in flight, now rather than at GC
+
+
+def _responses(blocks, ids, max_tokens, detokenizer, tic):
+    """Turn committed blocks into `GenerationResponse`s (text, timing, memory)."""
+    n, prompt_tps, reused = 0, 0.0, 0
+    for i, block in enumerate(blocks):
+        if i == 0:
+            reused = block.reused
+            prompt_tps = (len(ids) - reused) / max(time.perf_counter() - tic, 1e-9)
+            tic = time.perf_counter()
+        n += len(block.tokens)
+        for t in block.tokens[:-1] if block.finished else block.tokens:
+            detokenizer.add_token(t)
+        last = block.finished or 0 <= max_tokens <= n
+        if last:
+            detokenizer.finalize()
+        yield GenerationResponse(
+            text=detokenizer.last_segment,
+            tokens=block.tokens,
+            accepted=len(block.tokens) if i else None,
+            prompt_tokens=len(ids),
+            prompt_tps=prompt_tps,
+            generation_tokens=n,
+            generation_tps=n / max(time.perf_counter() - tic, 1e-9),
+            peak_memory=mx.get_peak_memory() / 1e9,
+            finish_reason=("stop" if block.finished else "length") if last else None,
+            from_draft=block.from_draft,
+            block_size=block.block_size,
+            reused_tokens=reused,
+        )
 
 
 def generate(model, draft, tokenizer, prompt, verbose: bool = False, **kwargs) -> str:

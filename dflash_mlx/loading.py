@@ -95,6 +95,8 @@ def load(path_or_repo: Optional[str] = None, **kwargs):
 
         if not Path(path_or_repo).expanduser().is_file():
             raise ValueError(f"GGUF file '{path_or_repo}' does not exist; check the path.")
+        # MLX's CPU quantized matmul is slow; dequantized float32 uses the fast BLAS.
+        kwargs.setdefault("dequantize", mx.default_device() == mx.cpu)
         model, tokenizer = load_gguf(str(Path(path_or_repo).expanduser()), **kwargs)
         model.name_or_path = str(path_or_repo)
         return model, tokenizer
@@ -143,8 +145,6 @@ def load_draft(
     if arch not in draft_module.ARCHITECTURES:
         raise ValueError(f"{what} has architecture '{arch}'; supported drafters: "
                          f"{', '.join(draft_module.ARCHITECTURES)}.")
-    if arch != "DFlashDraftModel":
-        raise ValueError(f"{what} is a {arch}; this build loads DFlashDraftModel drafters.")
     try:
         args = draft_module.ModelArgs.from_config(config)
     except TypeError as e:
@@ -155,7 +155,16 @@ def load_draft(
                          f"per layer ({args.num_hidden_layers}), got {args.layer_types}.")
     if "sliding_attention" in args.layer_types and not args.sliding_window:
         raise ValueError(f"{what} has sliding_attention layers but no sliding_window in config.json.")
-    model = draft_module.Model(args)
+    if arch == "DFlash2DraftModel":
+        from . import dflash2
+
+        missing = [k for k in ("conv_kernel_size", "conv_group_size", "selector_rank",
+                               "selector_top_k") if not getattr(args, k)]
+        if missing:
+            raise ValueError(f"{what} is a DFlash-2 drafter but its config lacks {missing}.")
+        model = dflash2.Model(args)
+    else:
+        model = draft_module.Model(args)
     stored_quant = config.get("quantization")
     if stored_quant:  # an already-quantized checkpoint (mlx-community style)
         nn.quantize(model, stored_quant["group_size"], stored_quant["bits"],
@@ -177,7 +186,8 @@ def load_draft(
     if bits is not None and not stored_quant:
         nn.quantize(model, group_size, bits,
                     class_predicate=lambda p, m: isinstance(m, nn.Linear)
-                    and m.weight.shape[-1] % group_size == 0)
+                    and m.weight.shape[-1] % group_size == 0
+                    and not p.startswith("candidate_selector"))
     model.eval()
     mx.eval(model.parameters())
     model.name_or_path = str(path_or_repo)

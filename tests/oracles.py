@@ -36,4 +36,4 @@ def proposal_logits(reference, pos, length, vocab, wrong):
         if wrong(k, i):
             tok = (tok + 1) % vocab
         rows.append(tok)
-    return (mx.eye(vocab)[mx.array(rows)] * 100.0)[None]
+    return mx.eye(vocab)[mx.array(rows)] * 100.0

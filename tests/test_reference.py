@@ -76,7 +76,7 @@ class RefOracle(ref.DFlashDraftModel):
         pos = cache[0].offset + target_hidden.shape[1]
         super().__call__(inputs, target_hidden, cache, logits_start)
         return proposal_logits(self.reference, pos, inputs.shape[1], self.config.vocab_size,
-                               self.wrong)
+                               self.wrong)[None]
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])

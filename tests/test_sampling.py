@@ -25,7 +25,7 @@ class CloseDraft(Model):
 
     def finalize_logits(self, logits):
         row = self.target_model(mx.array([self.prompt + [self._last]]))[0, -1]
-        return mx.broadcast_to(row * 1.7, (1, self._len - 1, row.shape[-1]))
+        return mx.broadcast_to(row * 1.7, (self._len - 1, row.shape[-1]))
 
 
 def test_sampled_generation_matches_target_distribution(tiny_pair):

@@ -110,10 +110,23 @@ def make_draft(path: Path, target_path: Path, num_layers: int = 2, block_size: i
     args.update(overrides)
     margs = ModelArgs(**args)
     mx.random.seed(seed)
-    model = Model(margs)
+    if margs.architecture == "DFlash2DraftModel":
+        from dflash_mlx.dflash2 import Model as Model2
+
+        model = Model2(margs)
+        kernels = {k: mx.random.normal(v.shape) * 0.3 for k, v in tree_flatten(model.parameters())
+                   if k.endswith("base_kernel")}
+        model.load_weights(list(kernels.items()), strict=False)
+    else:
+        model = Model(margs)
     model.update(tree_map(lambda p: p * 3.0 if p.ndim == 2 else p, model.parameters()))
     path.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    weights = dict(tree_flatten(model.parameters()))
+    for name in ("predecessor_codebook", "successor_codebook"):  # z-lab stores these bare
+        key = f"candidate_selector.{name}"
+        if f"{key}.weight" in weights:
+            weights[key] = weights.pop(f"{key}.weight")
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
     (path / "config.json").write_text(json.dumps(margs.to_config(), indent=2))
     return path
 
