@@ -17,7 +17,9 @@ from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe")
+SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe",
+                         "gemma4", "gemma4_text", "gpt_oss")
+_GEMMA4 = ("gemma4", "gemma4_text")
 
 
 def _text_parts(model: nn.Module):
@@ -97,6 +99,20 @@ def _gated_delta_layer(layer, x, mask, cache, tape):
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
+def _sliding_windows(inner, layers) -> list:
+    """Per layer: its attention window if it is a sliding-window layer, else None."""
+    window = getattr(inner, "window_size", None) or getattr(inner, "sliding_window", None)
+    types = getattr(inner, "layer_types", None) or []
+    out = []
+    for i, layer in enumerate(layers):
+        sliding = getattr(layer, "use_sliding", None)
+        if sliding is None:
+            kind = getattr(layer, "layer_type", types[i] if i < len(types) else None)
+            sliding = kind == "sliding_attention"
+        out.append(window if sliding else None)
+    return out
+
+
 class Target:
     """An mlx-lm model seen as a DFlash target."""
 
@@ -119,12 +135,10 @@ class Target:
                 "use the drafter trained for this target."
             )
         self._linear = [bool(getattr(l, "is_linear", False)) for l in self.layers]
-        self._windows = [
-            getattr(self.inner, "sliding_window", None) if getattr(l, "use_sliding", False) else None
-            for l in self.layers
-        ]
+        self._windows = _sliding_windows(self.inner, self.layers)
         self.embed_tokens = self.inner.embed_tokens
         self.embed_scale = getattr(self.inner, "embed_scale", 1.0)
+        self.softcap = getattr(self.lm, "final_logit_softcapping", None)
 
     @property
     def num_layers(self) -> int:
@@ -155,13 +169,18 @@ class Target:
     def logits(self, hidden: mx.array) -> mx.array:
         """The target's LM head on final-normed hidden states."""
         head = getattr(self.lm, "lm_head", None)
-        return head(hidden) if head is not None else self.embed_tokens.as_linear(hidden)
+        logits = head(hidden) if head is not None else self.embed_tokens.as_linear(hidden)
+        if self.softcap:
+            logits = mx.tanh(logits / self.softcap) * self.softcap
+        return logits
 
     def __call__(self, tokens: mx.array, cache: list[Any], tape: Optional[list] = None):
         """Run the layers on `tokens` (1, L): (final-normed hidden, fused features or None).
 
         With a `tape`, GatedDeltaNet layers append what `rollback` needs to it.
         """
+        if self.model_type in _GEMMA4:
+            return self._gemma4(tokens, cache)
         h = self.embed(tokens)
         masks: dict = {}
         wanted = set(self.feature_layer_ids)
@@ -178,9 +197,35 @@ class Target:
                 h = layer(h, masks[key], c)
             if i in wanted:
                 outputs[i] = h
+        return self.inner.norm(h), self._fuse(outputs)
+
+    def _fuse(self, outputs: dict):
         features = [outputs[i] for i in self.feature_layer_ids]
-        fused = mx.concatenate(features, axis=-1) if features else None
-        return self.inner.norm(h), fused
+        return mx.concatenate(features, axis=-1) if features else None
+
+    def _gemma4(self, tokens, cache):
+        # Mirrors mlx_lm.models.gemma4_text.Gemma4TextModel.__call__: per-layer inputs and
+        # KV sharing (later layers reuse an earlier layer's keys/values from this forward).
+        inner, n = self.inner, len(self.layers)
+        embeddings = self.embed_tokens(tokens)
+        h = embeddings * inner.embed_scale
+        per_layer = [None] * n
+        if inner.hidden_size_per_layer_input:
+            inputs = inner._project_per_layer_inputs(
+                h, inner._get_per_layer_inputs(tokens, embeddings))
+            per_layer = [inputs[:, :, i, :] for i in range(n)]
+        cache = list(cache) + [None] * (n - len(cache))
+        masks = inner._make_masks(h, cache)
+        shared = [(None, None)] * n
+        wanted, outputs = set(self.feature_layer_ids), {}
+        for i, (layer, c) in enumerate(zip(self.layers, cache)):
+            kvs, offset = shared[inner.previous_kvs[i]]
+            h, kvs, offset = layer(h, masks[i], c, per_layer_input=per_layer[i],
+                                   shared_kv=kvs, offset=offset)
+            shared[i] = (kvs, offset)
+            if i in wanted:
+                outputs[i] = h
+        return inner.norm(h), self._fuse(outputs)
 
     def rollback(self, cache: list[Any], tape: list, processed: int, keep: int):
         """Undo the last forward of `processed` tokens except its first `keep`."""

@@ -12,7 +12,7 @@ from oracles import OracleDraft
 from test_generate import long_prompt, plain, spec
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_5", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_5", "qwen3_moe", "gemma4_text", "gpt_oss"])
 @pytest.mark.parametrize("bits, mixed", [(4, False), (8, False), (4, True)])
 def test_quantized_target_is_lossless(models_dir, tiny_pair, family, bits, mixed):
     t, d = tiny_pair(family)

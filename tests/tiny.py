@@ -37,6 +37,15 @@ FAMILIES = {
                         shared_expert_intermediate_size=32, moe_intermediate_size=32,
                         rope_parameters={"type": "default", "rope_theta": 10000.0,
                                          "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]}),
+    "gemma4_text": dict(model_type="gemma4_text", num_hidden_layers=6, head_dim=16,
+                        global_head_dim=16, num_key_value_heads=1, num_kv_shared_layers=2,
+                        hidden_size_per_layer_input=8, vocab_size_per_layer_input=BYTE_VOCAB,
+                        sliding_window=6, sliding_window_pattern=3,
+                        final_logit_softcapping=30.0, use_double_wide_mlp=False,
+                        tie_word_embeddings=True, _embed_scale=0.25),
+    "gpt_oss": dict(model_type="gpt_oss", num_hidden_layers=4, head_dim=16,
+                    num_local_experts=4, num_experts_per_tok=2, sliding_window=6,
+                    intermediate_size=64),
 }
 
 
@@ -78,12 +87,15 @@ def make_target(path: Path, family: str, vocab_size: int = BYTE_VOCAB, seed: int
     from mlx_lm.utils import _get_classes
 
     config = {**_COMMON, **FAMILIES[family], "vocab_size": vocab_size, **overrides}
+    embed_scale = config.pop("_embed_scale", None)  # gemma multiplies by sqrt(hidden)
     if tokenizer == "qwen3":
         config["eos_token_id"] = 151645
     mx.random.seed(seed)
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
     _sharpen(model, 4.0)
+    if embed_scale is not None:
+        model.model.embed_tokens.weight = model.model.embed_tokens.weight * (embed_scale / 4.0)
     path.mkdir(parents=True, exist_ok=True)
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
