@@ -52,6 +52,7 @@ def main():
     import dflash.model_mlx as reference
 
     import dflash_mlx
+    from dflash_mlx.blas import blas_in_use
 
     with tempfile.TemporaryDirectory() as tmp:
         model_path, draft_path = args.model, args.draft
@@ -72,27 +73,22 @@ def main():
         outputs = {}
         for name, (fn, m, d) in engines.items():  # warm-up
             run(fn, m, d, tok, prompt, 16, args.block_size)
-        for _ in range(args.repeats):
-            for name, (fn, m, d) in engines.items():  # interleaved
+        for i in range(args.repeats):
+            order = list(engines.items())
+            for name, (fn, m, d) in order if i % 2 == 0 else order[::-1]:  # alternate
                 tokens, tps, _ = run(fn, m, d, tok, prompt, args.max_tokens, args.block_size)
                 rates[name].append(tps)
                 outputs[name] = tokens
         same = outputs["dflash-mlx"] == outputs["reference"]
         summary = {name: round(sorted(v)[len(v) // 2], 1) for name, v in rates.items()}
-        print(f"BLAS: {describe_blas()}")
+        blas = blas_in_use()["name"]
+        print(f"BLAS: {blas}")
         print(f"{'engine':<12} {'tok/s (median of %d)' % args.repeats:>22}")
         for name, tps in summary.items():
             print(f"{name:<12} {tps:>22.1f}")
         print(f"identical outputs: {same}")
-        print(json.dumps({"tok_s": summary, "identical": same, "blas": describe_blas(),
+        print(json.dumps({"tok_s": summary, "identical": same, "blas": blas,
                           "max_tokens": args.max_tokens, "block_size": args.block_size}))
-
-
-def describe_blas():
-    maps = Path("/proc/self/maps")
-    if not maps.exists():
-        return "platform default (Accelerate on macOS)"
-    return "OpenBLAS" if "openblas" in maps.read_text() else "MLX bundled reference BLAS (slow)"
 
 
 def _ref_config(a):
