@@ -76,11 +76,27 @@ def answer(session, out, text: str, note: Optional[str]):
         ui.interrupted(out)
 
 
+def parse_block_size(text: Optional[str]):
+    """`--block-size` value: None, "auto", or an integer >= 1."""
+    if text is None or text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise typer.BadParameter(f"expected an integer >= 1 or 'auto', got {text!r}.",
+                                 param_hint="--block-size")
+    return value
+
+
 def chat(
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     draft: Optional[str] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
-    block_size: Optional[int] = typer.Option(None, "--block-size", "-b", min=1,
-                                             help="Verify block size (default: the drafter's)."),
+    block_size: Optional[str] = typer.Option(
+        None, "--block-size", "-b",
+        help="Verify block size, or 'auto' to pick per block from measured speed "
+             "(default: the drafter's)."),
     temp: float = typer.Option(0.0, "--temp", "-t", min=0.0, help="Temperature (0 = greedy)."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
     top_k: int = typer.Option(0, "--top-k", min=0, help="0 disables top-k."),
@@ -98,7 +114,7 @@ def chat(
 
     out = ui.console()
     settings = Settings(temperature=temp, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
-                        block_size=block_size, color=color)
+                        block_size=parse_block_size(block_size), color=color)
     try:
         session, note = open_session(model, draft, no_draft, system=system, thinking=thinking,
                                      settings=settings, status=lambda m: ui.loading(out, m))

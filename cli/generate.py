@@ -6,15 +6,16 @@ from typing import Optional
 
 import typer
 
-from .chat import DRAFT_HELP, MODEL_HELP
+from .chat import DRAFT_HELP, MODEL_HELP, parse_block_size
 
 
 def generate(
     prompt: str = typer.Option(..., "--prompt", "-p", help="The prompt; '-' reads it from stdin."),
     model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
     draft: Optional[str] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
-    block_size: Optional[int] = typer.Option(None, "--block-size", "-b", min=1,
-                                             help="Verify block size (default: the drafter's)."),
+    block_size: Optional[str] = typer.Option(
+        None, "--block-size", "-b",
+        help="Verify block size, or 'auto' (default: the drafter's)."),
     temp: float = typer.Option(0.0, "--temp", "-t", min=0.0, help="Temperature (0 = greedy)."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
     top_k: int = typer.Option(0, "--top-k", min=0, help="0 disables top-k."),
@@ -47,7 +48,7 @@ def generate(
 
         mx.random.seed(seed)
     settings = Settings(temperature=temp, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
-                        block_size=block_size)
+                        block_size=parse_block_size(block_size))
     try:
         session, note = open_session(model, draft, no_draft, system=system, thinking=thinking,
                                      settings=settings, raw=raw)

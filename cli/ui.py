@@ -21,7 +21,7 @@ def _fmt(value, spec: str, none: str = "–") -> str:
     return none if value is None else format(value, spec)
 
 
-def mode_label(mode: str, block_size: int) -> str:
+def mode_label(mode: str, block_size) -> str:
     return f"DFlash b{block_size}" if mode == "dflash" else "plain"
 
 

@@ -65,16 +65,18 @@ class Record:
         return d
 
 
-def parse_block_sizes(text: Optional[str]) -> Optional[list[int]]:
-    """`--block-size` value: "16" or "4,8,16" → [16] / [4, 8, 16]; None stays None."""
+def parse_block_sizes(text: Optional[str]) -> Optional[list]:
+    """`--block-size` value: "16", "4,8,16" or "8,auto" → [16] / [4, 8, 16] / [8, "auto"];
+    None stays None. "auto" picks the size per block from measured speed."""
     if text is None or not str(text).strip():
         return None
     try:
-        sizes = [int(p) for p in str(text).split(",") if p.strip()]
+        sizes = [p.strip() if p.strip() == "auto" else int(p)
+                 for p in str(text).split(",") if p.strip()]
     except ValueError as e:
-        raise ValueError(f"--block-size must be an integer or a comma list like 4,8,16, "
-                         f"got '{text}'.") from e
-    if not sizes or any(s < 2 for s in sizes):
+        raise ValueError(f"--block-size must be an integer, 'auto', or a comma list like "
+                         f"4,8,16,auto, got '{text}'.") from e
+    if not sizes or any(s != "auto" and s < 2 for s in sizes):
         raise ValueError(f"Block sizes must be >= 2 (1 is plain decoding, the baseline), got '{text}'.")
     return list(dict.fromkeys(sizes))
 
@@ -94,13 +96,16 @@ def mlx_lm_engine(model, tokenizer, sampler) -> Engine:
 
 def dflash_engine(model, draft, tokenizer, temperature=0.0, top_p=1.0, top_k=0) -> Engine:
     """This package's `stream_generate`."""
+    from .adaptive import AdaptiveBlockSize
     from .generate import stream_generate
     from .target import Target
 
     target = Target(model, draft.args.target_layer_ids)
+    auto = AdaptiveBlockSize(draft.args.block_size)  # learns across prompts, as in a chat
 
     def run(ids, max_tokens, block_size):
-        for r in stream_generate(target, draft, tokenizer, ids, block_size=block_size,
+        policy = auto if block_size == "auto" else block_size
+        for r in stream_generate(target, draft, tokenizer, ids, block_size=policy,
                                  max_tokens=max_tokens, temperature=temperature,
                                  top_p=top_p, top_k=top_k):
             yield r.tokens, r.accepted
@@ -197,7 +202,9 @@ def count_turns(samples: dict[str, list[Sample]]) -> int:
 
 
 def _slots(engines: dict[str, Engine], block_sizes: list[int]) -> list[tuple[str, int]]:
-    return [(BASELINE, 1)] + [(n, b) for b in block_sizes for n in engines if n != BASELINE]
+    # "auto" is this package's adaptive block size; the reference has no such mode
+    return [(BASELINE, 1)] + [(n, b) for b in block_sizes for n in engines
+                              if n != BASELINE and not (b == "auto" and n == "reference")]
 
 
 def warmup(engines: dict[str, Engine], ids: list[int], config: BenchConfig):
@@ -275,7 +282,8 @@ def _tps(records: list[Record]) -> float:
 
 def _row(dataset: str, engine: str, bs: int, base: list[Record], runs: list[Record]) -> dict:
     taus = [t for r in runs for t in r.accept_lengths]
-    hist = [sum(t == i for t in taus) / len(taus) if taus else 0.0 for i in range(1, bs + 1)]
+    bins = bs if isinstance(bs, int) else max(taus, default=1)  # "auto": up to the longest
+    hist = [sum(t == i for t in taus) / len(taus) if taus else 0.0 for i in range(1, bins + 1)]
     per_prompt = [r.mean_tau for r in runs if r.mean_tau is not None]
     base_tps, tps = _tps(base), _tps(runs)
     return dict(

@@ -5,8 +5,9 @@ import json
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator, NamedTuple, Optional
+from typing import Iterator, NamedTuple, Optional, Union
 
+from .adaptive import AdaptiveBlockSize
 from .generate import GenerationResponse, make_prompt_cache, stream_generate
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
@@ -81,7 +82,7 @@ class Settings:
     top_k: int = 0
     min_p: float = 0.0
     max_tokens: int = 1024
-    block_size: Optional[int] = None  # None: the drafter's own
+    block_size: Union[int, str, None] = None  # None: the drafter's own; "auto": adaptive
     draft_on: bool = True
     color: bool = False
 
@@ -91,7 +92,7 @@ class TurnStats:
     """Numbers for one answer (the summary line and /stats)."""
 
     mode: str  # "dflash" or "plain"
-    block_size: int
+    block_size: Union[int, str]
     prompt_tokens: int = 0
     reused_tokens: int = 0
     prompt_tps: float = 0.0
@@ -203,6 +204,7 @@ class ChatSession:
         self.turns: list[TurnStats] = []
         self.cache = make_prompt_cache(model, draft)
         self._sent: Optional[tuple[str, list[int]]] = None  # (text, ids) of the last exchange
+        self._adaptive: Optional[AdaptiveBlockSize] = None
 
     # -- template -------------------------------------------------------------------------
     @property
@@ -239,13 +241,22 @@ class ChatSession:
     @property
     def mode(self) -> str:
         return "dflash" if self.draft is not None and self.settings.draft_on \
-            and self.block_size > 1 else "plain"
+            and self.block_size != 1 else "plain"
 
     @property
-    def block_size(self) -> int:
+    def block_size(self) -> Union[int, str]:
+        """The verify block size, or "auto" (chosen per block from measured speed)."""
         if self.draft is None or not self.settings.draft_on:
             return 1
         return self.settings.block_size or self.draft.args.block_size
+
+    def _block_policy(self):
+        # one adaptive policy per session, so what it learned carries over between turns
+        if self.block_size != "auto":
+            return self.block_size
+        if self._adaptive is None:
+            self._adaptive = AdaptiveBlockSize(self.draft.args.block_size)
+        return self._adaptive
 
     @property
     def cached_tokens(self) -> int:
@@ -308,7 +319,7 @@ class ChatSession:
         generated: list[int] = []
         tic = time.perf_counter()
         gen = stream_generate(self.model, self.draft, self.tokenizer, ids,
-                              block_size=self.block_size, max_tokens=max_tokens,
+                              block_size=self._block_policy(), max_tokens=max_tokens,
                               temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
                               min_p=s.min_p, prompt_cache=self.cache)
         failed = False
@@ -375,6 +386,11 @@ class ChatSession:
             s.temperature = value
             return "info", f"Temperature {value:g}" + (" (greedy)." if value == 0 else ".")
         if name == "/block":
+            if arg == "auto":
+                if self.draft is None:
+                    raise ValueError("No drafter loaded: restart with --draft to use blocks.")
+                s.block_size = "auto"
+                return "info", "Block size chosen per block from measured speed (auto)."
             value = _number(arg, int, "/block 16")
             if value < 1:
                 raise ValueError("Block size must be >= 1: /block 16 (1 = plain decoding).")

@@ -12,6 +12,7 @@ from typing import Iterator, Optional, Sequence, Union
 
 import mlx.core as mx
 
+from .adaptive import AdaptiveBlockSize, FixedBlockSize
 from .cache import PromptCache
 from .target import Target
 from .verify import SamplingParams, accept_greedy, accept_sampled
@@ -93,7 +94,7 @@ def generate_blocks(
     prompt: Sequence[int],
     cache: PromptCache,
     params: SamplingParams,
-    block_size: int,
+    block_size: Union[int, "AdaptiveBlockSize"],
     max_tokens: int,
     stop_tokens: frozenset = frozenset(),
     prefill_step_size: int = 2048,
@@ -101,10 +102,12 @@ def generate_blocks(
 ) -> Iterator[Block]:
     """Yield committed blocks of token ids; the first block is the prefill's token.
 
+    `block_size` is a size or a policy with `next(limit)`/`observe(size, accepted, seconds)`.
     `cache` is updated in place and stays consistent when the caller stops early.
     """
-    if draft is None:
-        block_size = 1
+    policy = FixedBlockSize(1) if draft is None else block_size
+    if isinstance(policy, int):
+        policy = FixedBlockSize(policy)
     stream = stream or mx.default_stream(mx.default_device())
     mask_id = draft.args.mask_token_id if draft is not None else 0
     budget = max_tokens if max_tokens >= 0 else float("inf")
@@ -116,16 +119,20 @@ def generate_blocks(
     done = first in stop_tokens or n >= budget
     pending = Block([first], 0, 1, first in stop_tokens, reused=keep)
     step = None
+    clock = time.perf_counter()
     try:
         while True:
             if not done:
                 with mx.stream(stream):
-                    step = _Step(target, draft, cache, last, int(min(block_size, budget - n)),
-                                 params, mask_id)
+                    size = policy.next(limit=int(min(budget - n, 1 << 30)))
+                    step = _Step(target, draft, cache, last, size, params, mask_id)
             yield pending
             if step is None:
                 return
             n_accepted, tokens = step.resolve()
+            now = time.perf_counter()
+            policy.observe(step.size, n_accepted, now - clock)
+            clock = now
             cut = next((i + 1 for i, t in enumerate(tokens) if t in stop_tokens), len(tokens))
             tokens = tokens[: int(min(cut, budget - n))]
             with mx.stream(stream):
@@ -167,6 +174,20 @@ class GenerationResponse:
         return self.tokens[-1] if self.tokens else None
 
 
+def _block_policy(block_size, draft):
+    """None: the drafter's block size; "auto": adaptive up to it; an int: that size."""
+    largest = draft.args.block_size if draft is not None else 1
+    if block_size is None:
+        return FixedBlockSize(largest)
+    if block_size == "auto":
+        return AdaptiveBlockSize(largest)
+    if isinstance(block_size, (AdaptiveBlockSize, FixedBlockSize)):
+        return block_size
+    if not isinstance(block_size, int) or block_size < 1:
+        raise ValueError(f"block_size must be a positive int or 'auto', got {block_size!r}.")
+    return FixedBlockSize(block_size)
+
+
 def _wrap_tokenizer(tokenizer):
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
@@ -187,7 +208,7 @@ def stream_generate(
     draft,
     tokenizer,
     prompt: Union[str, list[int], mx.array],
-    block_size: Optional[int] = None,
+    block_size: Union[int, str, None] = None,
     max_tokens: int = 256,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -199,7 +220,9 @@ def stream_generate(
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, yielding one response per verified block.
 
-    `draft=None` or `block_size=1` decodes without speculation. Pass a `PromptCache`
+    `block_size`: None for the drafter's, an int, or "auto" to pick, as it goes, the size
+    with the most tokens per second on this machine (1 = plain decoding when drafting does
+    not pay). `draft=None` or `block_size=1` decodes without speculation. Pass a `PromptCache`
     (from `make_prompt_cache`) to reuse the caches of earlier calls (multi-turn chat).
     """
     from mlx_lm.generate import generation_stream, wired_limit
@@ -207,9 +230,7 @@ def stream_generate(
     if max_tokens == 0:
         raise ValueError("max_tokens must be non-zero (use -1 for no limit).")
     params = SamplingParams(temperature, top_p, top_k, min_p)
-    block_size = block_size or (draft.args.block_size if draft is not None else 1)
-    if block_size < 1:
-        raise ValueError(f"block_size must be >= 1, got {block_size}.")
+    policy = _block_policy(block_size, draft)
     if draft is not None:
         from .loading import check_compatible
 
@@ -228,7 +249,7 @@ def stream_generate(
 
     with wired_limit(target.model, [generation_stream]):
         tic = time.perf_counter()
-        blocks = generate_blocks(target, draft, ids, prompt_cache, params, block_size,
+        blocks = generate_blocks(target, draft, ids, prompt_cache, params, policy,
                                  max_tokens, stop, prefill_step_size, generation_stream)
         try:
             yield from _responses(blocks, ids, max_tokens, detokenizer, tic)

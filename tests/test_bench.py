@@ -107,6 +107,16 @@ def test_block_size_sweep_gives_one_row_per_size(pair, tmp_path):
     assert [(r["dataset"], r["block_size"]) for r in rows] == [("mbpp", 2), ("mbpp", 4), ("mbpp", 16)]
 
 
+def test_auto_block_size_row(pair):
+    target, draft = pair
+    result, lines = _invoke("--model", target, "--draft", draft, "--dataset", "gsm8k",
+                            "--max-samples", 2, "--max-tokens", 12, "--block-size", "4,auto")
+    assert result.exit_code == 0, result.output
+    summary = json.loads(lines[-1])
+    assert summary["lossless"] is True
+    assert [r["block_size"] for r in summary["rows"]] == [4, "auto"]
+
+
 def test_custom_jsonl_and_sampling(pair, tmp_path):
     target, draft = pair
     prompts = tmp_path / "p.jsonl"

@@ -1,0 +1,80 @@
+"""Choosing the verify block size from what this machine and this drafter actually do.
+
+A block of size B costs t(B) seconds (one draft forward + one target forward over B
+tokens; B = 1 is plain decoding, no drafter) and commits E(B) tokens on average, where
+E(B) = 1 + sum_{j<B} prod_{k<=j} alpha_k and alpha_k is the rate at which the k-th draft is
+accepted given the ones before it were. The policy measures both as it goes and picks
+the B with the most tokens per second, so a slow machine or a weak drafter falls back to
+plain decoding instead of running slower than it. Any B is lossless; only speed depends on it.
+"""
+
+from typing import Optional
+
+
+class AdaptiveBlockSize:
+    """Picks block sizes among powers of two up to `max_size` (and `max_size` itself)."""
+
+    def __init__(self, max_size: int, explore_every: int = 24, smoothing: float = 0.3):
+        if max_size < 1:
+            raise ValueError(f"max block size must be >= 1, got {max_size}.")
+        self.sizes = sorted({1, max_size} | {s for s in (2, 4, 8, 16, 32) if s < max_size})
+        self.explore_every = explore_every
+        self.smoothing = smoothing
+        self.accepted = [0.0] * max_size  # accepted[k]: draft k+1 accepted
+        self.offered = [0.0] * max_size  # offered[k]: draft k+1 verified after k accepted
+        self.seconds: dict[int, float] = {}
+        self.blocks = 0
+        self._explore_next = 0
+
+    def acceptance(self, k: int) -> float:
+        """Estimated P(draft k accepted | drafts 1..k-1 accepted), k >= 1."""
+        # one optimistic pseudo-observation so untried positions still get explored
+        return (self.accepted[k - 1] + 1.0) / (self.offered[k - 1] + 1.0)
+
+    def expected_tokens(self, size: int) -> float:
+        total, run = 1.0, 1.0
+        for k in range(1, size):
+            run *= self.acceptance(k)
+            total += run
+        return total
+
+    def rate(self, size: int) -> Optional[float]:
+        """Expected tokens per second at `size`, or None before it has been timed."""
+        t = self.seconds.get(size)
+        return None if t is None else self.expected_tokens(size) / t
+
+    def next(self, limit: Optional[int] = None) -> int:
+        """The block size to use next (never above `limit`)."""
+        sizes = [s for s in self.sizes if limit is None or s <= limit] or [1]
+        untried = [s for s in sizes if s not in self.seconds]
+        if untried:
+            return untried[-1]
+        if self.explore_every and self.blocks and self.blocks % self.explore_every == 0:
+            self._explore_next = (self._explore_next + 1) % len(sizes)
+            return sizes[self._explore_next]
+        return max(sizes, key=lambda s: self.rate(s))
+
+    def observe(self, size: int, n_accepted: int, seconds: float):
+        """Record a verified block: its size, drafts accepted, and wall time."""
+        self.blocks += 1
+        for k in range(min(n_accepted + 1, size - 1)):
+            self.offered[k] += 1
+            if k < n_accepted:
+                self.accepted[k] += 1
+        old = self.seconds.get(size)
+        self.seconds[size] = seconds if old is None else old + self.smoothing * (seconds - old)
+
+
+class FixedBlockSize:
+    """Always the same block size (capped by the tokens still allowed)."""
+
+    def __init__(self, size: int):
+        if size < 1:
+            raise ValueError(f"block_size must be >= 1, got {size}.")
+        self.size = size
+
+    def next(self, limit: Optional[int] = None) -> int:
+        return self.size if limit is None else max(1, min(self.size, limit))
+
+    def observe(self, size: int, n_accepted: int, seconds: float):
+        pass

@@ -1,0 +1,82 @@
+"""The adaptive block size: picks what is fastest here, stays lossless."""
+
+import pytest
+
+from dflash_mlx.adaptive import AdaptiveBlockSize, FixedBlockSize
+from oracles import OracleDraft
+from test_generate import long_prompt, plain, spec
+
+
+def simulate(policy, accept_rate, cost, blocks=300):
+    """Feed the policy blocks whose drafts are accepted with `accept_rate` each, in order."""
+    import random
+
+    rng = random.Random(0)
+    chosen = []
+    for _ in range(blocks):
+        size = policy.next()
+        a = 0
+        while a < size - 1 and rng.random() < accept_rate:
+            a += 1
+        policy.observe(size, a, cost(size))
+        chosen.append(size)
+    return chosen
+
+
+def mostly(chosen):
+    tail = chosen[len(chosen) // 2:]
+    return max(set(tail), key=tail.count)
+
+
+def test_memory_bound_machine_and_good_drafter_use_big_blocks():
+    # verify cost nearly flat in B (Apple GPU-like), drafter accepted 90% of the time
+    chosen = simulate(AdaptiveBlockSize(16), 0.9, lambda b: 0.02 + 0.0005 * b + (0.004 if b > 1 else 0))
+    assert mostly(chosen) == 16
+
+
+def test_weak_drafter_falls_back_to_plain_decoding():
+    chosen = simulate(AdaptiveBlockSize(16), 0.02, lambda b: 0.02 + 0.001 * b + (0.005 if b > 1 else 0))
+    assert mostly(chosen) == 1
+
+
+def test_compute_bound_machine_prefers_small_blocks():
+    # each verified token costs as much as the fixed overhead (slow BLAS CPU)
+    chosen = simulate(AdaptiveBlockSize(16), 0.7, lambda b: 0.01 + 0.01 * b)
+    assert mostly(chosen) in (2, 4)
+
+
+def test_expected_tokens_and_exploration():
+    p = AdaptiveBlockSize(8, explore_every=5)
+    assert p.sizes == [1, 2, 4, 8]
+    assert p.expected_tokens(1) == 1 and p.expected_tokens(4) == 4  # optimistic when untried
+    firsts = [p.next() for _ in range(1)]
+    assert firsts == [8]
+    for size in (8, 4, 2, 1):
+        p.observe(size, 0, 0.1)
+    assert p.acceptance(1) == pytest.approx(1 / 4)
+    assert p.next(limit=3) in (1, 2)
+
+
+def test_fixed_block_size():
+    assert FixedBlockSize(8).next(limit=3) == 3 and FixedBlockSize(8).next() == 8
+    with pytest.raises(ValueError):
+        FixedBlockSize(0)
+
+
+def test_auto_block_size_is_lossless(tiny_pair):
+    from dflash_mlx import load, load_draft
+
+    t, d = tiny_pair("qwen3_5")
+    model, tok = load(str(t))
+    draft = load_draft(str(d))
+    prompt = long_prompt(model, tok, 40)
+    ref = plain(model, tok, prompt, 40)
+    good = OracleDraft(draft.args, prompt + ref, lambda k, i: i % 11 == 0)
+    good.update(draft.parameters())
+    out, responses = spec(model, good, tok, prompt, max_tokens=40, block_size="auto")
+    assert out == ref
+    assert len({r.block_size for r in responses[1:]}) > 1  # it explored sizes
+    out, _ = spec(model, draft, tok, prompt, max_tokens=40, block_size="auto")
+    assert out == ref
+    with pytest.raises(ValueError, match="auto"):
+        spec(model, draft, tok, prompt, max_tokens=4, block_size="fast")
