@@ -113,6 +113,18 @@ def dflash_engine(model, draft, tokenizer, temperature=0.0, top_p=1.0, top_k=0) 
     return run
 
 
+def reference_config(args):
+    """The reference package's `DFlashConfig` for our drafter `ModelArgs`."""
+    import dataclasses
+
+    from dflash import model_mlx as ref
+
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ref.DFlashConfig)
+              if hasattr(args, f.name)}
+    values.update(target_layer_ids=tuple(args.target_layer_ids), layer_types=tuple(args.layer_types))
+    return ref.DFlashConfig(**values)
+
+
 def reference_engine(target_dir, draft_dir, temperature=0.0, top_p=1.0, top_k=0) -> Engine:
     """The reference `dflash.model_mlx` engine on its own copy of the target (it wraps layers)."""
     try:
@@ -128,11 +140,8 @@ def reference_engine(target_dir, draft_dir, temperature=0.0, top_p=1.0, top_k=0)
 
     model, tokenizer = ref.load(str(target_dir))
     args = ModelArgs.from_config(json.loads((Path(draft_dir) / "config.json").read_text()))
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ref.DFlashConfig)
-              if hasattr(args, f.name)}
-    values.update(target_layer_ids=tuple(args.target_layer_ids), layer_types=tuple(args.layer_types))
     v2 = args.architecture == "DFlash2DraftModel"
-    draft = (ref.DFlash2DraftModel if v2 else ref.DFlashDraftModel)(ref.DFlashConfig(**values))
+    draft = (ref.DFlash2DraftModel if v2 else ref.DFlashDraftModel)(reference_config(args))
     weights = {k: v for f in sorted(Path(draft_dir).glob("*.safetensors")) for k, v in mx.load(str(f)).items()}
     for key in ("candidate_selector.predecessor_codebook", "candidate_selector.successor_codebook"):
         if key in weights:  # the reference keeps these as Embedding layers

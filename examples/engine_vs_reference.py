@@ -52,6 +52,7 @@ def main():
     import dflash.model_mlx as reference
 
     import dflash_mlx
+    from dflash_mlx.bench import reference_config
     from dflash_mlx.blas import blas_in_use
 
     with tempfile.TemporaryDirectory() as tmp:
@@ -62,7 +63,7 @@ def main():
         ref_model, _ = dflash_mlx.load(model_path)  # the reference wraps its model's layers
         tok.eos_token_ids = set()  # random models: measure full-length generations
         draft = dflash_mlx.load_draft(draft_path)
-        ref_draft = reference.DFlashDraftModel(reference.DFlashConfig(**_ref_config(draft.args)))
+        ref_draft = reference.DFlashDraftModel(reference_config(draft.args))
         from mlx.utils import tree_flatten
 
         ref_draft.load_weights(list(tree_flatten(draft.parameters())))
@@ -89,19 +90,6 @@ def main():
         print(f"identical outputs: {same}")
         print(json.dumps({"tok_s": summary, "identical": same, "blas": blas,
                           "max_tokens": args.max_tokens, "block_size": args.block_size}))
-
-
-def _ref_config(a):
-    return dict(
-        hidden_size=a.hidden_size, num_hidden_layers=a.num_hidden_layers,
-        num_attention_heads=a.num_attention_heads, num_key_value_heads=a.num_key_value_heads,
-        head_dim=a.head_dim, intermediate_size=a.intermediate_size, vocab_size=a.vocab_size,
-        rms_norm_eps=a.rms_norm_eps, rope_theta=a.rope_theta,
-        max_position_embeddings=a.max_position_embeddings, block_size=a.block_size,
-        target_layer_ids=tuple(a.target_layer_ids), num_target_layers=a.num_target_layers,
-        mask_token_id=a.mask_token_id, rope_scaling=a.rope_scaling,
-        layer_types=tuple(a.layer_types), sliding_window=a.sliding_window,
-    )
 
 
 if __name__ == "__main__":

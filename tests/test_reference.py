@@ -1,6 +1,5 @@
 """Parity with the reference implementation (`dflash` 0.1.0, `dflash.model_mlx`)."""
 
-import dataclasses
 
 import mlx.core as mx
 import pytest
@@ -14,21 +13,9 @@ ref = pytest.importorskip("dflash.model_mlx")  # installed by the test extra
 
 
 def reference_draft(draft, cls=None):
-    a = draft.args
-    config = ref.DFlashConfig(
-        hidden_size=a.hidden_size, num_hidden_layers=a.num_hidden_layers,
-        num_attention_heads=a.num_attention_heads, num_key_value_heads=a.num_key_value_heads,
-        head_dim=a.head_dim, intermediate_size=a.intermediate_size, vocab_size=a.vocab_size,
-        rms_norm_eps=a.rms_norm_eps, rope_theta=a.rope_theta,
-        max_position_embeddings=a.max_position_embeddings, block_size=a.block_size,
-        target_layer_ids=tuple(a.target_layer_ids), num_target_layers=a.num_target_layers,
-        mask_token_id=a.mask_token_id, rope_scaling=a.rope_scaling,
-        layer_types=tuple(a.layer_types), sliding_window=a.sliding_window,
-        final_logit_softcapping=a.final_logit_softcapping,
-        input_embedding_scale=a.input_embedding_scale, output_multiplier=a.output_multiplier,
-        is_causal=a.is_causal,
-    )
-    model = (cls or ref.DFlashDraftModel)(config)
+    from dflash_mlx.bench import reference_config
+
+    model = (cls or ref.DFlashDraftModel)(reference_config(draft.args))
     model.load_weights(list(tree_flatten(draft.parameters())))
     return model
 
