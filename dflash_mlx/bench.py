@@ -132,7 +132,6 @@ def reference_engine(target_dir, draft_dir, temperature=0.0, top_p=1.0, top_k=0)
     except ImportError as e:
         raise ValueError("--engine reference needs the reference package: "
                          "pip install --no-deps dflash==0.1.0") from e
-    import dataclasses
     import json
     from pathlib import Path
 

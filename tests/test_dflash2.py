@@ -28,17 +28,7 @@ def pair(models_dir):
 def reference_v2(draft):
     from test_reference import reference_draft
 
-    a = draft.args
-    theirs = reference_draft(draft, lambda c: ref.DFlash2DraftModel(_with_v2(c, a)))
-    return theirs
-
-
-def _with_v2(config, a):
-    import dataclasses
-
-    return dataclasses.replace(config, conv_kernel_size=a.conv_kernel_size,
-                               conv_group_size=a.conv_group_size,
-                               selector_rank=a.selector_rank, selector_top_k=a.selector_top_k)
+    return reference_draft(draft, ref.DFlash2DraftModel)
 
 
 def test_loads_as_dflash2(pair):
