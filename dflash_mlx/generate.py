@@ -7,7 +7,7 @@ one lazy graph and synced once; the previous block is handed out while it comput
 """
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Iterator, Optional, Sequence, Union
 
 import mlx.core as mx
@@ -52,6 +52,16 @@ def _prefill(target: Target, draft, cache: PromptCache, ids: list[int], step: in
     return target.logits(hidden[:, -1])[0]
 
 
+def _draft(target: Target, draft, cache: PromptCache, block: mx.array, params: SamplingParams):
+    """One drafter forward over [last, MASK...]: proposals (B-1,) and their q (or None)."""
+    h = target.embed(block)
+    if draft.args.input_embedding_scale != 1.0:
+        h = h * draft.args.input_embedding_scale
+    h = draft(h, cache.draft)[0, 1:]
+    logits = draft.finalize_logits(target.logits(h.astype(target.dtype)))
+    return draft.propose(h, logits, block[0, 0], params)
+
+
 class _Step:
     """One drafted-and-verified block in flight (lazy until `resolve`)."""
 
@@ -61,12 +71,7 @@ class _Step:
         self.tape = [] if not all(c.is_trimmable() for c in cache.target) else None
         block = mx.array([[last] + [mask_id] * (size - 1)])
         if size > 1:
-            h = target.embed(block)
-            if draft.args.input_embedding_scale != 1.0:
-                h = h * draft.args.input_embedding_scale
-            h = draft(h, cache.draft)[0, 1:]
-            draft_logits = draft.finalize_logits(target.logits(h.astype(target.dtype)))
-            drafts, draft_probs = draft.propose(h, draft_logits, block[0, 0], params)
+            drafts, draft_probs = _draft(target, draft, cache, block, params)
             verify_ids = mx.concatenate([block[0, :1], drafts.astype(block.dtype)])[None]
         else:
             drafts = mx.zeros((0,), dtype=block.dtype)
