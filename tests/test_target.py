@@ -32,7 +32,7 @@ def _assert_same(a, b, exact=False):
 @pytest.fixture(scope="module")
 def targets(models_dir):
     out = {}
-    for family in ["llama", "qwen3_5", "qwen3_5_moe", "gemma4_text", "gpt_oss"]:
+    for family in ["llama", "qwen3_5", "qwen3_5_moe", "gemma4_text", "gemma4", "gpt_oss"]:
         path = models_dir / f"{family}-rollback"
         if not path.exists():
             tiny.make_target(path, family)
@@ -41,7 +41,7 @@ def targets(models_dir):
     return out
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen3_5", "qwen3_5_moe", "gemma4_text", "gpt_oss"])
+@pytest.mark.parametrize("family", ["llama", "qwen3_5", "qwen3_5_moe", "gemma4_text", "gemma4", "gpt_oss"])
 @pytest.mark.parametrize("keep", [0, 1, 3, 7, 8])
 def test_rollback_equals_fresh_run(targets, family, keep):
     target = targets[family]

@@ -43,6 +43,14 @@ FAMILIES = {
                         sliding_window=6, sliding_window_pattern=3,
                         final_logit_softcapping=30.0, use_double_wide_mlp=False,
                         tie_word_embeddings=True, _embed_scale=0.25),
+    "gemma4": dict(model_type="gemma4", num_hidden_layers=6, _embed_scale=0.25,
+                   text_config=dict(model_type="gemma4_text", hidden_size=64, intermediate_size=128,
+                                    num_hidden_layers=6, num_attention_heads=4, head_dim=16,
+                                    global_head_dim=16, num_key_value_heads=1,
+                                    num_kv_shared_layers=2, hidden_size_per_layer_input=8,
+                                    vocab_size_per_layer_input=BYTE_VOCAB, sliding_window=6,
+                                    sliding_window_pattern=3, final_logit_softcapping=30.0,
+                                    use_double_wide_mlp=False, tie_word_embeddings=True)),
     "gpt_oss": dict(model_type="gpt_oss", num_hidden_layers=4, head_dim=16,
                     num_local_experts=4, num_experts_per_tok=2, sliding_window=6,
                     intermediate_size=64),
@@ -95,7 +103,8 @@ def make_target(path: Path, family: str, vocab_size: int = BYTE_VOCAB, seed: int
     model = model_class(args_class.from_dict(config))
     _sharpen(model, 4.0)
     if embed_scale is not None:
-        model.model.embed_tokens.weight = model.model.embed_tokens.weight * (embed_scale / 4.0)
+        embed = getattr(model, "language_model", model).model.embed_tokens
+        embed.weight = embed.weight * (embed_scale / 4.0)
     path.mkdir(parents=True, exist_ok=True)
     weights = dict(tree_flatten(model.parameters()))
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
