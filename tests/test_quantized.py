@@ -77,13 +77,14 @@ def test_stored_quantized_draft_checkpoint(tmp_path, tiny_pair):
     shutil.rmtree(q)
 
 
-def test_float16_draft_runs_in_bfloat16(tmp_path, tiny_pair):
+def test_float16_draft_never_runs_in_float16(tmp_path, tiny_pair):
     t, _ = tiny_pair("llama")
     d = tiny.make_draft(tmp_path / "d16", t)
     w = mx.load(str(d / "model.safetensors"))
     mx.save_safetensors(str(d / "model.safetensors"), {k: v.astype(mx.float16) for k, v in w.items()})
     draft = load_draft(str(d))
-    assert draft.dtype == mx.bfloat16
+    # bfloat16 on a GPU (float16 overflows), float32 on the CPU (half precision is slow there)
+    assert draft.dtype == (mx.float32 if mx.default_device() == mx.cpu else mx.bfloat16)
     model, tok = load(str(t))
     model.set_dtype(mx.float16)
     prompt = long_prompt(model, tok, 12)
