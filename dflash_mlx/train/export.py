@@ -114,7 +114,7 @@ Trained with `dflash-mlx train` (block-diffusion drafter, KV injection of target
 | acceptance length τ | {tau_line} |
 
 ```bash
-dflash-mlx chat --target {card.get('target', 'TARGET')} --draft PATH_TO_THIS_FOLDER
+dflash-mlx chat --model {card.get('target', 'TARGET')} --draft PATH_TO_THIS_FOLDER
 ```
 
 ```python
