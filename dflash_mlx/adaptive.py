@@ -25,6 +25,8 @@ class AdaptiveBlockSize:
         self.seconds: dict[int, float] = {}
         self.blocks = 0
         self._explore_next = 0
+        self._gap = explore_every  # blocks until the next exploration; doubles while they lose
+        self._explored: Optional[int] = None
 
     def acceptance(self, k: int) -> float:
         """Estimated P(draft k accepted | drafts 1..k-1 accepted), k >= 1."""
@@ -49,10 +51,21 @@ class AdaptiveBlockSize:
         untried = [s for s in sizes if s not in self.seconds]
         if untried:
             return untried[-1]
-        if self.explore_every and self.blocks and self.blocks % self.explore_every == 0:
+        best = max(sizes, key=lambda s: self.rate(s))
+        if self._gap and self.blocks >= self._gap:
+            # re-time another size now and then: speeds and acceptance drift with context
             self._explore_next = (self._explore_next + 1) % len(sizes)
-            return sizes[self._explore_next]
-        return max(sizes, key=lambda s: self.rate(s))
+            explored = sizes[self._explore_next]
+            if explored != best:
+                self._explored, self.blocks = explored, 0
+                return explored
+        return best
+
+    def _after_exploring(self, size: int):
+        sizes = [s for s in self.sizes if s in self.seconds]
+        won = size == max(sizes, key=lambda s: self.rate(s))
+        self._gap = self.explore_every if won else min(self._gap * 2, 1024)
+        self._explored = None
 
     def observe(self, size: int, n_accepted: int, seconds: float):
         """Record a verified block: its size, drafts accepted, and wall time."""
@@ -63,6 +76,8 @@ class AdaptiveBlockSize:
                 self.accepted[k] += 1
         old = self.seconds.get(size)
         self.seconds[size] = seconds if old is None else old + self.smoothing * (seconds - old)
+        if size == self._explored:
+            self._after_exploring(size)
 
 
 class FixedBlockSize:
