@@ -6,6 +6,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from . import draft as v1
+from .verify import categorical
 
 
 def grouped_dynamic_conv(x: mx.array, dynamic: mx.array, base: mx.array, group_size: int):
@@ -84,7 +85,7 @@ class CandidateSelector(nn.Module):
             scores = unary[t] + pair
             if temperature > 0:
                 q = mx.softmax(scores.astype(mx.float32) / temperature, axis=-1)
-                choice = mx.random.categorical(mx.log(q))
+                choice = categorical(q)
                 q_rows.append(q)
             else:
                 choice = mx.argmax(scores, axis=-1)

@@ -14,6 +14,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from .verify import categorical
+
 ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
@@ -293,7 +295,7 @@ class Model(nn.Module):
         if params.greedy:
             return mx.argmax(logits, axis=-1), None
         q = params.probs(logits)
-        return mx.random.categorical(mx.log(q)), q
+        return categorical(q), q
 
     def finalize_logits(self, logits: mx.array) -> mx.array:
         """Apply the drafter's output multiplier and soft-capping to head logits."""

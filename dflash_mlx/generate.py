@@ -68,7 +68,7 @@ class _Step:
     def __init__(self, target: Target, draft, cache: PromptCache, last: int,
                  size: int, params: SamplingParams, mask_id: int):
         self.size = size
-        self.tape = [] if not all(c.is_trimmable() for c in cache.target) else None
+        self.tape = [] if target.recurrent else None
         block = mx.array([[last] + [mask_id] * (size - 1)])
         if size > 1:
             drafts, draft_probs = _draft(target, draft, cache, block, params)

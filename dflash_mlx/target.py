@@ -135,6 +135,7 @@ class Target:
                 "use the drafter trained for this target."
             )
         self._linear = [bool(getattr(l, "is_linear", False)) for l in self.layers]
+        self.recurrent = any(self._linear)  # rollback needs a tape of the verify pass
         self._windows = _sliding_windows(self.inner, self.layers)
         self.embed_tokens = self.inner.embed_tokens
         self.embed_scale = getattr(self.inner, "embed_scale", 1.0)
