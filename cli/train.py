@@ -50,6 +50,11 @@ def train(
     val_every: int = typer.Option(250, "--val-every", help="Steps between τ checks (0 = end only)."),
     val_max_tokens: int = typer.Option(128, "--val-max-tokens"),
     save_every: int = typer.Option(250, "--save-every", help="Steps between checkpoints."),
+    draft_vocab: int = typer.Option(0, "--draft-vocab",
+                                    help="Draft vocabulary: the N tokens the target uses most "
+                                         "(0 = all; 4096 makes the head ~12× cheaper on a 49K vocab)."),
+    init_from: Optional[Path] = typer.Option(None, "--init-from",
+                                             help="Start from this drafter or checkpoint folder."),
 ):
     """Train a DFlash drafter for TARGET; rerun the same command to resume."""
     from dflash_mlx.train import TrainConfig, TrainOptions
@@ -68,7 +73,8 @@ def train(
                             mask_token_id=mask_token_id, max_new_tokens=max_new_tokens,
                             max_len=max_len, gen_batch_size=gen_batch_size,
                             temperature=temperature, features=features,
-                            feature_budget_gb=feature_budget_gb, train=config)
+                            feature_budget_gb=feature_budget_gb, draft_vocab=draft_vocab,
+                            init_from=init_from, train=config)
         ui.render(opts)
     except ValueError as e:
         ui.error(err, str(e))

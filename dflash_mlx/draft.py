@@ -56,6 +56,7 @@ class ModelArgs:
     conv_group_size: int = 0
     selector_rank: int = 0
     selector_top_k: int = 0
+    draft_vocab_size: int = 0  # 0: propose from the whole target vocabulary
 
     def __post_init__(self):
         if self.head_dim is None:
@@ -88,7 +89,7 @@ class ModelArgs:
         """The z-lab config.json form of these arguments."""
         keys = ("target_layer_ids", "mask_token_id", "final_logit_softcapping",
                 "input_embedding_scale", "output_multiplier", "conv_kernel_size",
-                "conv_group_size", "selector_rank", "selector_top_k")
+                "conv_group_size", "selector_rank", "selector_top_k", "draft_vocab_size")
         dflash = {k: getattr(self, k) for k in keys if getattr(self, k) not in (None, 0)}
         dflash["block_size"] = self.block_size
         top = {f.name: getattr(self, f.name) for f in fields(self)
@@ -240,6 +241,10 @@ class Model(nn.Module):
         self.layers = [self.layer_class(args, t) for t in args.layer_types]
         self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.context_window: Optional[int] = None  # bound on absorbed context, if any
+        if args.draft_vocab_size:
+            # Token ids the head scores (see draft_head.py); loaded with the weights, never trained.
+            self.draft_vocab = mx.arange(args.draft_vocab_size, dtype=mx.int32)
+            self.freeze(recurse=False, keys=["draft_vocab"])
 
     @property
     def dtype(self):

@@ -14,6 +14,7 @@ import mlx.core as mx
 
 from .adaptive import AdaptiveBlockSize, FixedBlockSize
 from .cache import PromptCache
+from .draft_head import DraftHead
 from .target import Target
 from .verify import SamplingParams, accept_greedy, accept_sampled
 
@@ -52,26 +53,27 @@ def _prefill(target: Target, draft, cache: PromptCache, ids: list[int], step: in
     return target.logits(hidden[:, -1])[0]
 
 
-def _draft(target: Target, draft, cache: PromptCache, block: mx.array, params: SamplingParams):
+def _draft(target: Target, draft, head: DraftHead, cache: PromptCache, block: mx.array,
+           params: SamplingParams):
     """One drafter forward over [last, MASK...]: proposals (B-1,) and their q (or None)."""
     h = target.embed(block)
     if draft.args.input_embedding_scale != 1.0:
         h = h * draft.args.input_embedding_scale
     h = draft(h, cache.draft)[0, 1:]
-    logits = draft.finalize_logits(target.logits(h.astype(target.dtype)))
-    return draft.propose(h, logits, block[0, 0], params)
+    logits = draft.finalize_logits(head(h.astype(target.dtype)))
+    return head.to_target(*draft.propose(h, logits, block[0, 0], params))
 
 
 class _Step:
     """One drafted-and-verified block in flight (lazy until `resolve`)."""
 
-    def __init__(self, target: Target, draft, cache: PromptCache, last: int,
-                 size: int, params: SamplingParams, mask_id: int):
+    def __init__(self, target: Target, draft, head: Optional[DraftHead], cache: PromptCache,
+                 last: int, size: int, params: SamplingParams, mask_id: int):
         self.size = size
         self.tape = [] if target.recurrent else None
         block = mx.array([[last] + [mask_id] * (size - 1)])
         if size > 1:
-            drafts, draft_probs = _draft(target, draft, cache, block, params)
+            drafts, draft_probs = _draft(target, draft, head, cache, block, params)
             verify_ids = mx.concatenate([block[0, :1], drafts.astype(block.dtype)])[None]
         else:
             drafts = mx.zeros((0,), dtype=block.dtype)
@@ -115,6 +117,7 @@ def generate_blocks(
         policy = FixedBlockSize(policy)
     stream = stream or mx.default_stream(mx.default_device())
     mask_id = draft.args.mask_token_id if draft is not None else 0
+    head = DraftHead.for_drafter(target, draft) if draft is not None else None
     budget = max_tokens if max_tokens >= 0 else float("inf")
     keep = cache.reuse(target, prompt)
     with mx.stream(stream):
@@ -130,7 +133,7 @@ def generate_blocks(
             if not done:
                 with mx.stream(stream):
                     size = policy.next(limit=int(min(budget - n, 1 << 30)))
-                    step = _Step(target, draft, cache, last, size, params, mask_id)
+                    step = _Step(target, draft, head, cache, last, size, params, mask_id)
             yield pending
             if step is None:
                 return

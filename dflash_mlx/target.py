@@ -171,6 +171,10 @@ class Target:
         """The target's LM head on final-normed hidden states."""
         head = getattr(self.lm, "lm_head", None)
         logits = head(hidden) if head is not None else self.embed_tokens.as_linear(hidden)
+        return self.softcapped(logits)
+
+    def softcapped(self, logits: mx.array) -> mx.array:
+        """The target's final logit soft-capping (identity for most families)."""
         if self.softcap:
             logits = mx.tanh(logits / self.softcap) * self.softcap
         return logits

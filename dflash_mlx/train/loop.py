@@ -20,6 +20,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
+from ..draft_head import DraftHead
 from .blocks import make_blocks, sample_anchors
 from .data import Sample
 from .export import save_weights
@@ -121,6 +122,7 @@ class Trainer:
         self.history = _History()
         self.optimizer.init(draft.trainable_parameters())
         self._grad = nn.value_and_grad(draft, self._loss)
+        self.head = DraftHead.for_drafter(target, draft)
 
     @property
     def step(self) -> int:
@@ -130,7 +132,8 @@ class Trainer:
     # -- one step ---------------------------------------------------------------------------
 
     def _loss(self, features, blocks, masks):
-        loss, wsum, correct = block_loss(self.target, self.draft, features, blocks, masks)
+        loss, wsum, correct = block_loss(self.target, self.draft, features, blocks, masks,
+                                         self.head)
         return loss, (wsum, correct)
 
     def micro_batch(self, m: int) -> tuple[Sample, np.ndarray]:
@@ -253,4 +256,5 @@ class Trainer:
         self.history = _History([tuple(v) for v in state.get("val", [])],
                                 state.get("train_seconds", 0.0))
         mx.eval(self.draft.parameters(), self.optimizer.state)
+        self.head = DraftHead.for_drafter(self.target, self.draft)  # the loaded vocabulary
         return self.step

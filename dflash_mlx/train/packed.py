@@ -13,6 +13,7 @@ import mlx.nn as nn
 import numpy as np
 
 from ..draft import Model as DraftModel
+from ..draft_head import DraftHead
 from .blocks import Blocks, packed_mask
 
 
@@ -92,23 +93,30 @@ def embed_blocks(target, draft: DraftModel, inputs: np.ndarray) -> mx.array:
 
 
 def block_logits(target, draft: DraftModel, features: mx.array, blocks: Blocks,
-                 masks: Optional[dict] = None) -> mx.array:
-    """Draft logits (n, B−1, vocab) for block positions 1..B−1."""
+                 masks: Optional[dict] = None, head: Optional[DraftHead] = None) -> mx.array:
+    """Draft logits (n, B−1, draft vocab) for block positions 1..B−1."""
+    head = head or DraftHead.for_drafter(target, draft)
     emb = embed_blocks(target, draft, blocks.inputs)
     h = packed_hidden(draft, features, emb, blocks.anchors, masks)
-    return draft.finalize_logits(target.logits(h[:, 1:]))
+    return draft.finalize_logits(head(h[:, 1:]))
 
 
 def block_loss(target, draft: DraftModel, features: mx.array, blocks: Blocks,
-               masks: Optional[dict] = None):
+               masks: Optional[dict] = None, head: Optional[DraftHead] = None):
     """(weighted cross-entropy normalised by the weight sum, weight sum, correct·weight sum).
 
     Only the drafter's parameters receive gradients: the target's embedding and head
-    enter as constants of the graph.
+    enter as constants of the graph. With a draft vocabulary, labels outside it carry no
+    loss (the drafter can never propose them).
     """
-    logits = block_logits(target, draft, features, blocks, masks).astype(mx.float32)
-    labels = mx.array(blocks.labels[:, 1:])
-    w = mx.array(blocks.weights[:, 1:])
+    head = head or DraftHead.for_drafter(target, draft)
+    logits = block_logits(target, draft, features, blocks, masks, head).astype(mx.float32)
+    labels, w = blocks.labels[:, 1:], blocks.weights[:, 1:]
+    if head.index is not None:
+        labels = head.index[labels]
+        w = np.where(labels >= 0, w, 0.0).astype(np.float32)
+        labels = np.maximum(labels, 0)
+    labels, w = mx.array(labels), mx.array(w)
     ce = nn.losses.cross_entropy(logits, labels)
     wsum = w.sum()
     loss = (ce * w).sum() / mx.maximum(wsum, 1e-9)

@@ -14,11 +14,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, Optional
 
+import mlx.core as mx
 import numpy as np
 
 from .data import (check_meta, encode_chat, load_prompts, read_samples, regenerate,
                    samples_for_training, split_prompts)
-from .export import DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_LAYERS, export_drafter, new_drafter, new_drafter_args
+from ..draft_head import select_draft_vocab
+from .export import (DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_LAYERS, export_drafter, init_weights,
+                     new_drafter, new_drafter_args)
 from .features import FeatureStore, choose_mode
 from .loop import TrainConfig, Trainer
 
@@ -40,6 +43,8 @@ class TrainOptions:
     temperature: float = 0.0
     features: str = "auto"  # auto | cache | fly
     feature_budget_gb: float = 20.0
+    draft_vocab: int = 0  # 0: the whole target vocabulary; N: the N most used tokens
+    init_from: Optional[Path] = None  # start from these drafter weights (not a resume)
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -117,7 +122,15 @@ def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
     store = FeatureStore(target, samples, mode, out / "features")
     yield from store.prepare()
 
+    if opts.draft_vocab:
+        vocab = select_draft_vocab((s.response for s in samples), (s.prompt for s in samples),
+                                   opts.draft_vocab)
+        args.draft_vocab_size = len(vocab)
     draft = new_drafter(args, opts.train.seed)
+    if opts.init_from:
+        init_weights(draft, Path(opts.init_from))
+    if opts.draft_vocab:
+        draft.draft_vocab = mx.array(vocab, dtype=mx.int32)
     val_ids = [encode_chat(tokenizer, p.messages) for p in val_prompts]
     trainer = Trainer(target, draft, tokenizer, samples, store, opts.train, out, val_ids)
     start = trainer.resume()

@@ -1,0 +1,82 @@
+"""The drafter's output head: the target's LM head, optionally cut to a draft vocabulary.
+
+A drafter may carry `draft_vocab`, a sorted list of token ids (EAGLE-3 calls this a draft
+vocabulary). It then scores only those rows of the target's head: on a 49K-token target
+with a 4K draft vocabulary the drafter's head costs 12× less at inference and in training.
+Output stays lossless: a token outside the draft vocabulary is never proposed (its draft
+probability is 0), which the verifier's greedy and rejection rules already handle.
+"""
+
+from collections import Counter
+from typing import Iterable, Optional
+
+import mlx.core as mx
+import numpy as np
+
+
+class DraftHead:
+    """Head logits for drafted positions, and the way back to target token ids."""
+
+    def __init__(self, target, vocab: Optional[mx.array] = None):
+        self.target = target
+        self.vocab = vocab
+        self.vocab_size = target.vocab_size
+        self.rows = None if vocab is None else head_rows(target, vocab)
+        self.index = None  # target id → draft index (−1 outside), for training labels
+        if vocab is not None:
+            self.index = np.full(self.vocab_size, -1, dtype=np.int64)
+            self.index[np.array(vocab.tolist())] = np.arange(vocab.size)
+
+    @classmethod
+    def for_drafter(cls, target, draft) -> "DraftHead":
+        return cls(target, getattr(draft, "draft_vocab", None))
+
+    def __call__(self, hidden: mx.array) -> mx.array:
+        """Logits over the draft vocabulary (the whole target vocabulary without one)."""
+        if self.rows is None:
+            return self.target.logits(hidden)
+        return self.target.softcapped(hidden @ self.rows.T)
+
+    def to_target(self, tokens: mx.array, q: Optional[mx.array]):
+        """Proposals and their distribution (L, V_draft) as target ids and (L, V) rows."""
+        if self.vocab is None:
+            return tokens, q
+        tokens = self.vocab[tokens]
+        if q is not None:
+            index = mx.broadcast_to(self.vocab, q.shape)
+            q = mx.put_along_axis(mx.zeros((q.shape[0], self.vocab_size), q.dtype), index, q,
+                                  axis=-1)
+        return tokens, q
+
+
+def head_rows(target, ids: mx.array) -> mx.array:
+    """Rows `ids` of the target's LM head (or tied embedding) as a dense weight."""
+    head = getattr(target.lm, "lm_head", None) or target.embed_tokens
+    if "bias" in head:
+        raise ValueError("A draft vocabulary needs a bias-free LM head; train without --draft-vocab.")
+    w = head.weight[ids]
+    if "scales" in head:
+        biases = head.biases[ids] if "biases" in head else None
+        w = mx.dequantize(w, head.scales[ids], biases, group_size=head.group_size,
+                          bits=head.bits, mode=getattr(head, "mode", "affine"))
+    return w.astype(target.dtype)
+
+
+def select_draft_vocab(responses: Iterable, prompts: Iterable, size: int) -> list[int]:
+    """The `size` ids the drafter will be able to propose, sorted.
+
+    Ranked by frequency in the target's responses (what it will be asked to predict), then
+    topped up from the prompts (names and numbers the answers copy).
+    """
+    if size < 1:
+        raise ValueError(f"--draft-vocab must be positive, got {size}.")
+    said, seen = Counter(), Counter()
+    for r in responses:
+        said.update(r)
+    for p in prompts:
+        seen.update(p)
+    chosen = [t for t, _ in said.most_common(size)]
+    if len(chosen) < size:
+        have = set(chosen)
+        chosen += [t for t, _ in seen.most_common() if t not in have][: size - len(chosen)]
+    return sorted(chosen)
