@@ -6,6 +6,12 @@ E(B) = 1 + sum_{j<B} prod_{k<=j} alpha_k and alpha_k is the rate at which the k-
 accepted given the ones before it were. The policy measures both as it goes and picks
 the B with the most tokens per second, so a slow machine or a weak drafter falls back to
 plain decoding instead of running slower than it. Any B is lossless; only speed depends on it.
+
+Within a block it also decides how many drafts to verify (`cut`): verifying T tokens
+costs v(T), measured per T, and draft k is worth verifying when the tokens it is expected
+to add (the product of the drafter's confidences up to k) pay for its share of v at the
+current rate. Where v grows with T (CPUs) this skips hopeless drafts; where v is flat
+(GPUs running a big target) it keeps them all.
 """
 
 from typing import Optional
@@ -27,6 +33,9 @@ class AdaptiveBlockSize:
         self._explore_next = 0
         self._gap = explore_every  # blocks until the next exploration; doubles while they lose
         self._explored: Optional[int] = None
+        self.verify_seconds: dict[int, float] = {}  # v(T): target time to verify T tokens
+        self._tokens: Optional[float] = None  # committed tokens per block, smoothed
+        self._block_seconds: Optional[float] = None  # seconds per block, smoothed
 
     def acceptance(self, k: int) -> float:
         """Estimated P(draft k accepted | drafts 1..k-1 accepted), k >= 1."""
@@ -67,17 +76,65 @@ class AdaptiveBlockSize:
         self._gap = self.explore_every if won else min(self._gap * 2, 1024)
         self._explored = None
 
-    def observe(self, size: int, n_accepted: int, seconds: float):
-        """Record a verified block: its size, drafts accepted, and wall time."""
+    def observe(self, size: int, n_accepted: int, seconds: float,
+                verified: Optional[int] = None, verify_seconds: Optional[float] = None):
+        """Record a block: size drafted, drafts accepted, wall time, and (when the block
+        was cut) how many tokens the target verified and how long that took."""
+        verified = size if verified is None else verified
         self.blocks += 1
-        for k in range(min(n_accepted + 1, size - 1)):
+        for k in range(min(n_accepted + 1, verified - 1)):
             self.offered[k] += 1
             if k < n_accepted:
                 self.accepted[k] += 1
-        old = self.seconds.get(size)
-        self.seconds[size] = seconds if old is None else old + self.smoothing * (seconds - old)
+        self.seconds[size] = self._smooth(self.seconds.get(size), seconds)
+        if verify_seconds is not None:
+            self.verify_seconds[verified] = self._smooth(self.verify_seconds.get(verified),
+                                                         verify_seconds)
+        self._tokens = self._smooth(self._tokens, n_accepted + 1)
+        self._block_seconds = self._smooth(self._block_seconds, seconds)
         if size == self._explored:
             self._after_exploring(size)
+
+    def _smooth(self, old: Optional[float], new: float) -> float:
+        return new if old is None else old + self.smoothing * (new - old)
+
+    @property
+    def tokens_rate(self) -> Optional[float]:
+        """Recent committed tokens per second (the rate a cut must beat)."""
+        if not self._block_seconds:
+            return None
+        return self._tokens / self._block_seconds
+
+    def verify_cost(self, tokens: int) -> Optional[float]:
+        """v(T) interpolated between measured sizes (flat beyond them); None if unknown."""
+        known = sorted(self.verify_seconds.items())
+        if len(known) < 2:
+            return None
+        lower = [(t, v) for t, v in known if t <= tokens] or known[:1]
+        upper = [(t, v) for t, v in known if t >= tokens] or known[-1:]
+        (t0, v0), (t1, v1) = lower[-1], upper[0]
+        return v0 if t1 == t0 else v0 + (v1 - v0) * (tokens - t0) / (t1 - t0)
+
+    def cut(self, confidence: list) -> int:
+        """How many of the drafts (with the drafter's probabilities `confidence`) to verify.
+
+        Maximises expected tokens − rate × v(1 + k): verifying more pays only if the
+        drafts are likely enough to be accepted. Until v and the rate are measured, all.
+        """
+        n = len(confidence)
+        costs = [self.verify_cost(t) for t in range(1, n + 2)]
+        rate = self.tokens_rate
+        if rate is None or any(c is None for c in costs):
+            return n
+        best_k, best = 0, 1.0 - rate * costs[0]
+        expected, run = 1.0, 1.0
+        for k, c in enumerate(confidence, start=1):
+            run *= c
+            expected += run
+            value = expected - rate * costs[k]
+            if value > best:
+                best_k, best = k, value
+        return best_k
 
 
 class FixedBlockSize:
@@ -91,5 +148,5 @@ class FixedBlockSize:
     def next(self, limit: Optional[int] = None) -> int:
         return self.size if limit is None else max(1, min(self.size, limit))
 
-    def observe(self, size: int, n_accepted: int, seconds: float):
+    def observe(self, size: int, n_accepted: int, seconds: float, **measured):
         pass

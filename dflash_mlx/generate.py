@@ -8,7 +8,7 @@ one lazy graph and synced once; the previous block is handed out while it comput
 
 import time
 from dataclasses import dataclass
-from typing import Iterator, Optional, Sequence, Union
+from typing import Callable, Iterator, Optional, Sequence, Union
 
 import mlx.core as mx
 
@@ -55,42 +55,65 @@ def _prefill(target: Target, draft, cache: PromptCache, ids: list[int], step: in
 
 def _draft(target: Target, draft, head: DraftHead, cache: PromptCache, block: mx.array,
            params: SamplingParams):
-    """One drafter forward over [last, MASK...]: proposals (B-1,) and their q (or None)."""
+    """One drafter forward over [last, MASK...]: proposals (B-1,), their q (or None when
+    greedy), and the drafter's confidence per position (lazy).
+
+    The confidence is the top probability of each position's distribution, a function of
+    the distributions only: a cut that looked at the drawn tokens would bias which
+    proposals reach the verifier and break exact sampling (tests/test_sampling.py)."""
     h = target.embed(block)
     if draft.args.input_embedding_scale != 1.0:
         h = h * draft.args.input_embedding_scale
     h = draft(h, cache.draft)[0, 1:]
     logits = draft.finalize_logits(head(h.astype(target.dtype)))
-    return head.to_target(*draft.propose(h, logits, block[0, 0], params))
+    tokens, q = draft.propose(h, logits, block[0, 0], params)
+    probs = q if q is not None else mx.softmax(logits.astype(mx.float32), axis=-1)
+    confidence = probs.max(axis=-1)
+    return (*head.to_target(tokens, q), confidence)
 
 
 class _Step:
-    """One drafted-and-verified block in flight (lazy until `resolve`)."""
+    """One drafted-and-verified block in flight (lazy until `resolve`).
+
+    With a `cut` (the adaptive policy's), the drafts are evaluated first and only the
+    prefix it chooses from the drafter's confidences is verified: a second sync per
+    block, paid back where verifying fewer tokens is cheaper (CPUs). The choice depends
+    on the drafter alone, so greedy and sampled output stay exact.
+    """
 
     def __init__(self, target: Target, draft, head: Optional[DraftHead], cache: PromptCache,
-                 last: int, size: int, params: SamplingParams, mask_id: int):
-        self.size = size
+                 last: int, size: int, params: SamplingParams, mask_id: int,
+                 cut: Optional[Callable[[list], int]] = None):
+        self.drafted = size
         self.tape = [] if target.recurrent else None
         block = mx.array([[last] + [mask_id] * (size - 1)])
+        drafts = draft_probs = None
         if size > 1:
-            drafts, draft_probs = _draft(target, draft, head, cache, block, params)
+            drafts, draft_probs, confidence = _draft(target, draft, head, cache, block, params)
+            if cut is not None:
+                mx.eval(drafts, confidence, draft_probs)
+                keep = cut(confidence.tolist())
+                drafts = drafts[:keep]
+                draft_probs = None if draft_probs is None else draft_probs[:keep]
+        self.verify_start = time.perf_counter()
+        if drafts is not None and drafts.shape[0] > 0:
             verify_ids = mx.concatenate([block[0, :1], drafts.astype(block.dtype)])[None]
         else:
-            drafts = mx.zeros((0,), dtype=block.dtype)
-            verify_ids = block
+            drafts, verify_ids = None, block[:, :1]
+        self.size = verify_ids.shape[1]  # tokens the target verifies
         hidden, self.features = target(verify_ids, cache.target, self.tape)
         logits = target.logits(hidden)[0]
-        if params.greedy:
-            n_accepted, emitted = accept_greedy(drafts, logits)
-        elif size > 1:
-            n_accepted, emitted = accept_sampled(drafts, draft_probs, params.probs(logits))
-        else:
+        if drafts is None:
             n_accepted, emitted = mx.array(0), params.sample(logits)
+        elif params.greedy:
+            n_accepted, emitted = accept_greedy(drafts, logits)
+        else:
+            n_accepted, emitted = accept_sampled(drafts, draft_probs, params.probs(logits))
         self.result = mx.concatenate([n_accepted[None].astype(emitted.dtype), emitted])
         mx.async_eval(self.result)
 
     def resolve(self) -> tuple[int, list[int]]:
-        """Sync once: (drafts accepted, committed tokens)."""
+        """Sync: (drafts accepted, committed tokens)."""
         values = self.result.tolist()
         return values[0], values[1 : values[0] + 2]
 
@@ -118,6 +141,7 @@ def generate_blocks(
     stream = stream or mx.default_stream(mx.default_device())
     mask_id = draft.args.mask_token_id if draft is not None else 0
     head = DraftHead.for_drafter(target, draft) if draft is not None else None
+    cut_drafts = getattr(policy, "cut", None) if draft is not None else None
     budget = max_tokens if max_tokens >= 0 else float("inf")
     keep = cache.reuse(target, prompt)
     with mx.stream(stream):
@@ -133,13 +157,15 @@ def generate_blocks(
             if not done:
                 with mx.stream(stream):
                     size = policy.next(limit=int(min(budget - n, 1 << 30)))
-                    step = _Step(target, draft, head, cache, last, size, params, mask_id)
+                    step = _Step(target, draft, head, cache, last, size, params, mask_id,
+                                 cut_drafts)
             yield pending
             if step is None:
                 return
             n_accepted, tokens = step.resolve()
             now = time.perf_counter()
-            policy.observe(step.size, n_accepted, now - clock)
+            policy.observe(step.drafted, n_accepted, now - clock, verified=step.size,
+                           verify_seconds=now - max(step.verify_start, clock))
             clock = now
             cut = next((i + 1 for i, t in enumerate(tokens) if t in stop_tokens), len(tokens))
             tokens = tokens[: int(min(cut, budget - n))]
@@ -189,8 +215,8 @@ def _block_policy(block_size, draft):
         return FixedBlockSize(largest)
     if block_size == "auto":
         return AdaptiveBlockSize(largest)
-    if isinstance(block_size, (AdaptiveBlockSize, FixedBlockSize)):
-        return block_size
+    if hasattr(block_size, "next") and hasattr(block_size, "observe"):
+        return block_size  # a policy: AdaptiveBlockSize, FixedBlockSize or your own
     if not isinstance(block_size, int) or block_size < 1:
         raise ValueError(f"block_size must be a positive int or 'auto', got {block_size!r}.")
     return FixedBlockSize(block_size)

@@ -83,3 +83,68 @@ def test_auto_block_size_is_lossless(tiny_pair):
     assert out == ref
     with pytest.raises(ValueError, match="auto"):
         spec(model, draft, tok, prompt, max_tokens=4, block_size="fast")
+
+
+def measured(costs: dict, tokens_per_block: float = 2.0, seconds_per_block: float = 0.1):
+    """A policy that has timed verifying T tokens (costs) and runs at the given pace."""
+    p = AdaptiveBlockSize(8)
+    for t, v in costs.items():
+        p.observe(8, int(tokens_per_block) - 1, seconds_per_block, verified=t, verify_seconds=v)
+    return p
+
+
+def test_no_cut_until_verify_costs_are_measured():
+    p = AdaptiveBlockSize(8)
+    assert p.cut([0.01] * 7) == 7
+    p.observe(8, 0, 0.1, verified=8, verify_seconds=0.096)
+    assert p.cut([0.01] * 7) == 7  # one size timed: no slope known yet
+
+
+def test_cut_keeps_likely_drafts_where_verifying_costs_grow():
+    # this CPU: v(1)=62 ms, v(2)=80 ms, v(8)=96 ms; running at 20 tok/s
+    p = measured({1: 0.062, 2: 0.080, 8: 0.096})
+    assert p.tokens_rate == pytest.approx(20.0)
+    assert p.verify_cost(5) == pytest.approx(0.088)
+    assert p.cut([0.05] * 7) == 0  # hopeless: a plain step is cheaper
+    assert p.cut([0.97] * 7) == 7  # confident all the way
+    assert p.cut([0.9, 0.8, 0.05, 0.9, 0.9, 0.9, 0.9]) == 2  # stop at the doubtful draft
+
+
+def test_cut_keeps_everything_where_verifying_is_flat():
+    p = measured({1: 0.030, 8: 0.030})  # memory-bound GPU: 8 tokens cost as much as 1
+    assert p.cut([0.05] * 7) == 7
+
+
+class CuttingPolicy:
+    """Drafts `size` tokens and verifies a different prefix length every block."""
+
+    def __init__(self, size):
+        self.size, self.calls = size, 0
+
+    def next(self, limit=None):
+        return self.size if limit is None else max(1, min(self.size, limit))
+
+    def cut(self, confidence):
+        self.calls += 1
+        return (self.calls * 3) % (len(confidence) + 1)
+
+    def observe(self, size, n_accepted, seconds, **measured):
+        assert measured["verified"] <= size
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5", "gemma4_text", "gpt_oss"])
+def test_cut_blocks_are_lossless(tiny_pair, family):
+    from dflash_mlx import load, load_draft
+
+    t, d = tiny_pair(family)
+    model, tok = load(str(t))
+    draft = load_draft(str(d))
+    prompt = long_prompt(model, tok, 40)
+    ref = plain(model, tok, prompt, 40)
+    good = OracleDraft(draft.args, prompt + ref, lambda k, i: i % 7 == 0)
+    good.update(draft.parameters())
+    policy = CuttingPolicy(8)
+    out, responses = spec(model, good, tok, prompt, max_tokens=40, block_size=policy)
+    assert out == ref
+    assert policy.calls > 3
+    assert {r.block_size for r in responses[1:]} - {1} and 1 in {r.block_size for r in responses}

