@@ -1,6 +1,7 @@
 """Training steps, checkpoint/resume, features, export, and a tiny end-to-end run."""
 
 import json
+from collections import Counter
 
 import mlx.core as mx
 import numpy as np
@@ -155,3 +156,30 @@ def test_cli_trains_a_drafter_that_accepts_on_its_data(tiny_pair, tmp_path):
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0, again.output
     assert "steps 300→300" in again.output
+
+
+def test_cli_draft_vocab_and_init_from(tiny_pair, tmp_path):
+    from dflash_mlx.cli.main import app
+
+    t, _ = tiny_pair("llama")
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(5)))
+    common = ["train", "--target", str(t), "--prompts", str(prompts), "--val-prompts", "1",
+              "--draft-layers", "1", "--max-new-tokens", "16", "--batch-size", "1",
+              "--anchors", "8", "--val-every", "0", "--steps", "1"]
+    first, second = tmp_path / "a", tmp_path / "b"
+    result = CliRunner().invoke(app, common + ["--out", str(first), "--block-size", "8"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(app, common + ["--out", str(second), "--block-size", "4",
+                                               "--draft-vocab", "12", "--init-from", str(first),
+                                               "--lr", "1e-12"])
+    assert result.exit_code == 0, result.output
+    model, tok = load(str(t))
+    donor, draft = load_draft(str(first), target=model), load_draft(str(second), target=model)
+    assert draft.args.block_size == 4 and draft.args.draft_vocab_size == 12
+    assert mx.allclose(draft.fc.weight, donor.fc.weight, atol=1e-6).item()  # started from it
+    said = Counter(t for s in read_samples(first / "data" / "responses.jsonl") for t in s.response)
+    assert set(draft.draft_vocab.tolist()) >= {t for t, n in said.most_common(5)}
+    bad = CliRunner().invoke(app, common + ["--out", str(tmp_path / "c"),
+                                            "--init-from", str(tmp_path / "nowhere")])
+    assert bad.exit_code == 2 and "--init-from" in bad.output
