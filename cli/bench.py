@@ -82,7 +82,9 @@ def execute(opts: BenchOptions, out=None, engines: Optional[dict] = None) -> int
     model, tokenizer = load(ids[0])
     ui.loading(out, f"drafter {ids[1]}")
     draft = load_draft(ids[1], target=model)
-    config.block_sizes = config.block_sizes or [draft.args.block_size]
+    # auto by default; the reference engine has no auto, so it also gets the drafter's size
+    config.block_sizes = config.block_sizes or (
+        ["auto", draft.args.block_size] if opts.engines else ["auto"])
     all_engines = _engines(opts, model, draft, tokenizer, ids)
     all_engines.update(engines or {})
     env = bench.environment(model, draft, *ids)
@@ -131,7 +133,7 @@ def bench(
                                               help="Prompts per dataset (default: all)."),
     max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer."),
     block_size: Optional[str] = typer.Option(None, "--block-size", "-b",
-                                             help="16, or a sweep like 4,8,16 (default: the drafter's)."),
+                                             help="16, auto, or a sweep like 4,8,16,auto (default: auto)."),
     temp: float = typer.Option(0.0, "--temp", help="Sampling temperature (0 = greedy, checked lossless)."),
     thinking: bool = typer.Option(False, "--thinking", help="enable_thinking in the chat template."),
     seed: int = typer.Option(42, "--seed", help="Sample draw (42 = the reference's) and sampling seed."),

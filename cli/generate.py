@@ -15,7 +15,7 @@ def generate(
     draft: Optional[str] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
     block_size: Optional[str] = typer.Option(
         None, "--block-size", "-b",
-        help="Verify block size, or 'auto' (default: the drafter's)."),
+        help="Verify block size, or 'auto' (the default: picked per block from measured speed)."),
     temp: float = typer.Option(0.0, "--temp", "-t", min=0.0, help="Temperature (0 = greedy)."),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
     top_k: int = typer.Option(0, "--top-k", min=0, help="0 disables top-k."),

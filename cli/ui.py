@@ -22,7 +22,9 @@ def _fmt(value, spec: str, none: str = "–") -> str:
 
 
 def mode_label(mode: str, block_size) -> str:
-    return f"DFlash b{block_size}" if mode == "dflash" else "plain"
+    if mode != "dflash":
+        return "plain"
+    return "DFlash auto" if block_size == "auto" else f"DFlash b{block_size}"
 
 
 def status_line(stats, note: Optional[str] = None) -> Text:

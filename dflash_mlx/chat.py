@@ -82,7 +82,7 @@ class Settings:
     top_k: int = 0
     min_p: float = 0.0
     max_tokens: int = 1024
-    block_size: Union[int, str, None] = None  # None: the drafter's own; "auto": adaptive
+    block_size: Union[int, str, None] = None  # None or "auto": adaptive; an int: fixed
     draft_on: bool = True
     color: bool = False
 
@@ -248,7 +248,7 @@ class ChatSession:
         """The verify block size, or "auto" (chosen per block from measured speed)."""
         if self.draft is None or not self.settings.draft_on:
             return 1
-        return self.settings.block_size or self.draft.args.block_size
+        return self.settings.block_size or "auto"
 
     def _block_policy(self):
         # one adaptive policy per session, so what it learned carries over between turns

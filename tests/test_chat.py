@@ -44,7 +44,7 @@ def test_pieces_match_engine_text_and_history(pair):
     assert s.messages[1]["content"] == text
     st = s.turns[0]
     assert st.generation_tokens == 12 and st.finish_reason == "length"
-    assert st.mode == "dflash" and st.block_size == 8
+    assert st.mode == "dflash" and st.block_size == "auto"
     assert st.blocks == len(chunks) - 1 and st.mean_accepted >= 1
     assert "<|im_start|>system\nBe brief.<|im_end|>" in s.render_text()
 

@@ -39,7 +39,7 @@ def test_chat_session_in_a_terminal(paths, tmp_path):
     child = spawn("-m", t, "-d", d, "-n", 2000)
     # a long answer: the live status line shows, then Ctrl-C stops it and the chat goes on
     child.sendline("hello, who are you?")
-    child.expect(r"DFlash b8.*tok/s.*τ \d+\.\d\d \(last \d+\)")
+    child.expect(r"DFlash auto.*tok/s.*τ \d+\.\d\d \(last \d+\)")
     child.sendcontrol("c")
     child.expect_exact("interrupted: the partial answer stays in the conversation")
     child.expect_exact(PROMPT)

@@ -25,7 +25,7 @@ def test_generate_text_to_stdout_stats_to_stderr(paths):
     r = invoke("generate", "--prompt", "Hello", "-m", t, "-d", d, "-n", 10)
     assert r.exit_code == 0, r.output
     assert "tok/s" not in r.stdout and r.stdout.endswith("\n")
-    assert "gen 10 tok" in r.stderr and "DFlash b8" in r.stderr and "τ" in r.stderr
+    assert "gen 10 tok" in r.stderr and "DFlash auto" in r.stderr and "τ" in r.stderr
 
 
 def test_generate_json_record_and_lossless_against_plain(paths):
@@ -33,7 +33,7 @@ def test_generate_json_record_and_lossless_against_plain(paths):
     a = json.loads(invoke("generate", "-p", "Tell me", "-m", t, "-d", d, "-n", 24, "--json").stdout)
     b = json.loads(invoke("generate", "-p", "Tell me", "-m", t, "--no-draft", "-n", 24,
                           "--json").stdout)
-    assert a["mode"] == "dflash" and a["block_size"] == 8 and a["draft"] == d
+    assert a["mode"] == "dflash" and a["block_size"] == "auto" and a["draft"] == d
     assert b["mode"] == "plain" and b["draft"] is None and b["block_size"] == 1
     for rec in (a, b):
         assert rec["finish_reason"] in ("stop", "length") and 0 < rec["generation_tokens"] <= 24
