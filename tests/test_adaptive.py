@@ -66,16 +66,23 @@ def test_fixed_block_size():
         FixedBlockSize(0)
 
 
-def test_auto_block_size_is_lossless(tiny_pair):
+def oracle_case(tiny_pair, family, wrong):
+    """(model, tokenizer, drafter, prompt, plain greedy reference, oracle wrong at `wrong`)."""
     from dflash_mlx import load, load_draft
 
-    t, d = tiny_pair("qwen3_5")
+    t, d = tiny_pair(family)
     model, tok = load(str(t))
     draft = load_draft(str(d))
     prompt = long_prompt(model, tok, 40)
     ref = plain(model, tok, prompt, 40)
-    good = OracleDraft(draft.args, prompt + ref, lambda k, i: i % 11 == 0)
+    good = OracleDraft(draft.args, prompt + ref, wrong)
     good.update(draft.parameters())
+    return model, tok, draft, prompt, ref, good
+
+
+def test_auto_block_size_is_lossless(tiny_pair):
+    model, tok, draft, prompt, ref, good = oracle_case(tiny_pair, "qwen3_5",
+                                                       lambda k, i: i % 11 == 0)
     out, responses = spec(model, good, tok, prompt, max_tokens=40, block_size="auto")
     assert out == ref
     assert len({r.block_size for r in responses[1:]}) > 1  # it explored sizes
@@ -134,15 +141,7 @@ class CuttingPolicy:
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5", "gemma4_text", "gpt_oss"])
 def test_cut_blocks_are_lossless(tiny_pair, family):
-    from dflash_mlx import load, load_draft
-
-    t, d = tiny_pair(family)
-    model, tok = load(str(t))
-    draft = load_draft(str(d))
-    prompt = long_prompt(model, tok, 40)
-    ref = plain(model, tok, prompt, 40)
-    good = OracleDraft(draft.args, prompt + ref, lambda k, i: i % 7 == 0)
-    good.update(draft.parameters())
+    model, tok, _, prompt, ref, good = oracle_case(tiny_pair, family, lambda k, i: i % 7 == 0)
     policy = CuttingPolicy(8)
     out, responses = spec(model, good, tok, prompt, max_tokens=40, block_size=policy)
     assert out == ref
