@@ -3,7 +3,8 @@
 
 The engine knows nothing about text: it turns prompt ids into blocks of committed ids.
 Each block is one drafter forward + one target forward + an acceptance rule, built as
-one lazy graph and synced once; the previous block is handed out while it computes.
+one lazy graph and synced once; the previous block is handed out while it computes. A
+policy with a `cut` (block_size="auto") syncs the drafts first to verify only a prefix.
 """
 
 import time
