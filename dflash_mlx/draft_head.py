@@ -8,6 +8,7 @@ probability is 0), which the verifier's greedy and rejection rules already handl
 """
 
 from collections import Counter
+from functools import cached_property
 from typing import Iterable, Optional
 
 import mlx.core as mx
@@ -22,10 +23,6 @@ class DraftHead:
         self.vocab = vocab
         self.vocab_size = target.vocab_size
         self.rows = None if vocab is None else head_rows(target, vocab)
-        self.index = None  # target id → draft index (−1 outside), for training labels
-        if vocab is not None:
-            self.index = np.full(self.vocab_size, -1, dtype=np.int64)
-            self.index[np.array(vocab.tolist())] = np.arange(vocab.size)
 
     @classmethod
     def for_drafter(cls, target, draft) -> "DraftHead":
@@ -36,6 +33,15 @@ class DraftHead:
         if self.rows is None:
             return self.target.logits(hidden)
         return self.target.softcapped(hidden @ self.rows.T)
+
+    @cached_property
+    def index(self) -> Optional[np.ndarray]:
+        """Target id → draft index (−1 outside), for training labels; None without a vocab."""
+        if self.vocab is None:
+            return None
+        table = np.full(self.vocab_size, -1, dtype=np.int64)
+        table[np.array(self.vocab.tolist())] = np.arange(self.vocab.size)
+        return table
 
     def to_target(self, tokens: mx.array, q: Optional[mx.array]):
         """Proposals and their distribution (L, V_draft) as target ids and (L, V) rows."""

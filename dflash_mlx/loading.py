@@ -219,7 +219,8 @@ def check_compatible(target, draft):
     if not 0 <= d.mask_token_id < t.vocab_size:
         problems.append(f"mask_token_id {d.mask_token_id} outside the target vocabulary")
     vocab = getattr(draft, "draft_vocab", None)
-    if vocab is not None and vocab.size and not 0 <= vocab.min().item() <= vocab.max().item() < t.vocab_size:
+    if vocab is not None and vocab.size and not (
+            0 <= vocab.min().item() and vocab.max().item() < t.vocab_size):
         problems.append(f"draft vocabulary ids outside the target vocabulary 0..{t.vocab_size - 1}")
     if problems:
         raise ValueError(f"Drafter {dname} does not fit target {tname}: "
