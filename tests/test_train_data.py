@@ -70,6 +70,19 @@ def test_regenerate_writes_target_greedy_responses_and_resumes(target, tmp_path)
     assert len(events) == 1 and events[0].done == 4 and events[0].new_tokens == 0
 
 
+def test_regenerate_refills_the_batch_as_answers_end(target, tmp_path):
+    """More prompts than batch slots: every prompt still gets the target's own answer."""
+    model, tok = target
+    path = tmp_path / "responses.jsonl"
+    events = list(regenerate(model, tok, _prompts(5), path, max_tokens=10, batch_size=2))
+    assert [e.done for e in events] == [0, 1, 2, 3, 4, 5]
+    samples = read_samples(path)
+    assert sorted(s.id for s in samples) == [f"q{i}" for i in range(5)]
+    for s in samples:
+        plain = [t for r in stream_generate(model, None, tok, s.prompt, max_tokens=10) for t in r.tokens]
+        assert s.response == plain
+
+
 def test_torn_last_line_is_dropped_and_regenerated(target, tmp_path):
     model, tok = target
     path = tmp_path / "responses.jsonl"

@@ -135,29 +135,29 @@ def regenerate(model, tokenizer, prompts: Sequence[Prompt], path: Path, max_toke
     gen = BatchGenerator(model, stop_tokens=[[t] for t in stops],
                          sampler=make_sampler(temp=temperature),
                          completion_batch_size=batch_size, prefill_batch_size=min(batch_size, 8))
+    # All prompts go in at once: continuous batching refills a slot as soon as an answer
+    # ends, so short answers never leave the batch waiting on the longest one.
+    ids = [encode_chat(tokenizer, p.messages)[: max_len - 1] for p in todo]
+    limits = [max(1, min(max_tokens, max_len - len(i))) for i in ids]
     new_tokens = 0
     try:
+        uids = gen.insert(ids, limits)
+        pending = {u: (p, i, []) for u, p, i in zip(uids, todo, ids)}
         with open(path, "a", encoding="utf-8") as out:
-            for start in range(0, len(todo), batch_size):
-                chunk = todo[start : start + batch_size]
-                ids = [encode_chat(tokenizer, p.messages)[: max_len - 1] for p in chunk]
-                limits = [max(1, min(max_tokens, max_len - len(i))) for i in ids]
-                uids = gen.insert(ids, limits)
-                pending = {u: (p, i, []) for u, p, i in zip(uids, chunk, ids)}
-                while pending and (responses := gen.next_generated()):
-                    for r in responses:
-                        p, prompt_ids, toks = pending[r.uid]
-                        toks.append(int(r.token))
-                        new_tokens += 1
-                        if r.finish_reason is None:
-                            continue
-                        del pending[r.uid]
-                        record = {"id": p.id, "prompt": prompt_ids, "response": toks,
-                                  "finish": r.finish_reason}
-                        out.write(json.dumps(record) + "\n")
-                        out.flush()
-                        done.add(p.id)
-                        yield DataProgress(len(done), total, new_tokens)
+            while pending and (responses := gen.next_generated()):
+                for r in responses:
+                    p, prompt_ids, toks = pending[r.uid]
+                    toks.append(int(r.token))
+                    new_tokens += 1
+                    if r.finish_reason is None:
+                        continue
+                    del pending[r.uid]
+                    record = {"id": p.id, "prompt": prompt_ids, "response": toks,
+                              "finish": r.finish_reason}
+                    out.write(json.dumps(record) + "\n")
+                    out.flush()
+                    done.add(p.id)
+                    yield DataProgress(len(done), total, new_tokens)
     finally:
         gen.close()
 
