@@ -14,6 +14,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
+from . import cpu_ops
 from .verify import categorical
 
 ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel")
@@ -155,7 +156,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(hidden_dim, dim, bias=False)
 
     def __call__(self, x):
-        return self.down_proj(nn.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        # cpu_ops has no gradients: training uses MLX's own ops
+        act = nn.silu(gate) * up if self.training else cpu_ops.swiglu(gate, up)
+        return self.down_proj(act)
 
 
 class Attention(nn.Module):
@@ -196,7 +200,10 @@ class Attention(nn.Module):
         q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, -1))
         q = self.rope(q.transpose(0, 2, 1, 3), offset=offset)
         keys, values = cache.update_and_fetch(*self._keys_values(x, offset))
-        out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        if self.training:  # cpu_ops has no gradients
+            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+        else:
+            out = cpu_ops.attention(q, keys, values, self.scale, mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 

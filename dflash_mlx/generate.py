@@ -13,6 +13,7 @@ from typing import Callable, Iterator, Optional, Sequence, Union
 
 import mlx.core as mx
 
+from . import cpu_ops
 from .adaptive import AdaptiveBlockSize, FixedBlockSize
 from .cache import PromptCache
 from .draft_head import DraftHead
@@ -68,7 +69,7 @@ def _draft(target: Target, draft, head: DraftHead, cache: PromptCache, block: mx
     h = draft(h, cache.draft)[0, 1:]
     logits = draft.finalize_logits(head(h.astype(target.dtype)))
     tokens, q = draft.propose(h, logits, block[0, 0], params)
-    probs = q if q is not None else mx.softmax(logits.astype(mx.float32), axis=-1)
+    probs = q if q is not None else cpu_ops.softmax(logits)
     confidence = probs.max(axis=-1)
     return (*head.to_target(tokens, q), confidence)
 

@@ -17,6 +17,8 @@ from mlx_lm.models.base import create_attention_mask, create_ssm_mask
 from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
+from . import cpu_ops
+
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe",
                          "gemma4", "gemma4_text", "gpt_oss")
 _GEMMA4 = ("gemma4", "gemma4_text")
@@ -99,6 +101,39 @@ def _gated_delta_layer(layer, x, mask, cache, tape):
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
+_STANDARD_BLOCKS = ("llama", "qwen2", "qwen3")  # pre-norm attention + SwiGLU MLP blocks
+
+
+def _is_standard_block(layer) -> bool:
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    return all(hasattr(attn, a) for a in ("q_proj", "k_proj", "v_proj", "o_proj", "rope")) \
+        and all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj"))
+
+
+def _standard_block(layer, x, mask, cache):
+    # Mirrors mlx_lm's llama/qwen2/qwen3 TransformerBlock.__call__, with cpu_ops'
+    # attention and SwiGLU, whose cost on the CPU would otherwise grow fast with the block.
+    attn, mlp = layer.self_attn, layer.mlp
+    h = layer.input_layernorm(x)
+    B, L, _ = h.shape
+    q = attn.q_proj(h).reshape(B, L, attn.n_heads, -1)
+    k = attn.k_proj(h).reshape(B, L, attn.n_kv_heads, -1)
+    v = attn.v_proj(h).reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+    if hasattr(attn, "q_norm"):
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    q = attn.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
+    k = attn.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
+    k, v = cache.update_and_fetch(k, v)
+    out = cpu_ops.attention(q, k, v, attn.scale, mask)
+    h = x + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+    y = layer.post_attention_layernorm(h)
+    return h + mlp.down_proj(cpu_ops.swiglu(mlp.gate_proj(y), mlp.up_proj(y)))
+
+
+def _call_layer(layer, x, mask, cache):
+    return layer(x, mask, cache)
+
+
 def _sliding_windows(inner, layers) -> list:
     """Per layer: its attention window if it is a sliding-window layer, else None."""
     window = getattr(inner, "window_size", None) or getattr(inner, "sliding_window", None)
@@ -137,6 +172,11 @@ class Target:
         self._linear = [bool(getattr(l, "is_linear", False)) for l in self.layers]
         self.recurrent = any(self._linear)  # rollback needs a tape of the verify pass
         self._windows = _sliding_windows(self.inner, self.layers)
+        # On the CPU, standard blocks run through cpu_ops (same math, cheaper exp).
+        self._standard = [
+            cpu_ops.enabled() and self.model_type in _STANDARD_BLOCKS and _is_standard_block(l)
+            for l in self.layers
+        ]
         self.embed_tokens = self.inner.embed_tokens
         self.embed_scale = getattr(self.inner, "embed_scale", 1.0)
         self.softcap = getattr(self.lm, "final_logit_softcapping", None)
@@ -198,8 +238,12 @@ class Target:
             else:
                 key = self._windows[i]
                 if key not in masks:
-                    masks[key] = create_attention_mask(h, c, window_size=key)
-                h = layer(h, masks[key], c)
+                    # cpu_ops takes boolean masks, built once here for every layer
+                    as_array = self._standard[i] and h.shape[1] > 1
+                    masks[key] = create_attention_mask(h, c, window_size=key,
+                                                       return_array=as_array)
+                block = _standard_block if self._standard[i] else _call_layer
+                h = block(layer, h, masks[key], c)
             if i in wanted:
                 outputs[i] = h
         return self.inner.norm(h), self._fuse(outputs)

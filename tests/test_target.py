@@ -91,7 +91,7 @@ def test_features_are_layer_outputs(targets):
         outs.append(h)
     expected = mx.concatenate([outs[1], outs[2]], axis=-1)
     assert fused.shape == (1, 4, 2 * target.hidden_size)
-    assert mx.allclose(fused, expected, atol=1e-5)
+    assert mx.allclose(fused, expected, rtol=1e-5, atol=1e-4)  # CPU: cpu_ops' own kernels
 
 
 def test_logits_match_the_model(targets):

@@ -120,6 +120,7 @@ class Trainer:
         self.optimizer = optim.AdamW(learning_rate=schedule(config.lr, self.total, config.warmup),
                                      weight_decay=config.weight_decay)
         self.history = _History()
+        draft.train()  # a drafter from load_draft is in eval mode (cpu_ops, no gradients)
         self.optimizer.init(draft.trainable_parameters())
         self._grad = nn.value_and_grad(draft, self._loss)
         self.head = DraftHead.for_drafter(target, draft)

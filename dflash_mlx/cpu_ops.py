@@ -1,0 +1,96 @@
+"""Attention, softmax and SwiGLU that stay cheap on MLX's CPU backend as blocks grow.
+
+On the CPU, MLX evaluates `exp` one element at a time (~12 ns each), so the softmax of
+block attention and the sigmoid of SwiGLU, whose work grows with the number of tokens
+verified at once, cost a block-8 verify of a small target ~15 ms more than a plain step.
+Here `exp` is a polynomial of vectorizable ops fused by `mx.compile`: 2-3x faster and
+within 1e-7 relative (MLX's own CPU exp: 4e-6). Every entry point falls back to MLX's
+own ops off the CPU (Metal has fused kernels) and where MLX cannot compile CPU kernels.
+"""
+
+from functools import cache
+from typing import Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+_LOG2E = 1.4426950408889634
+_LN2_HI = 0.693145751953125  # ln 2 split in two so n * ln2 stays exact (Cody-Waite)
+_LN2_LO = 1.428606765330187e-06
+_EXP_MIN, _EXP_MAX = -87.3, 88.7  # float32 exp underflows / overflows past these
+
+
+def _exp(x: mx.array) -> mx.array:
+    """exp(x) = e^r * 2^n with |r| <= ln2/2 and e^r by its degree-7 Taylor polynomial."""
+    xc = mx.clip(x, _EXP_MIN, _EXP_MAX)
+    n = mx.floor(xc * _LOG2E + 0.5)
+    r = xc - n * _LN2_HI - n * _LN2_LO
+    p = r * (1 / 5040) + 1 / 720
+    for c in (1 / 120, 1 / 24, 1 / 6, 0.5, 1.0, 1.0):
+        p = p * r + c
+    y = p * mx.left_shift(n.astype(mx.int32) + 127, 23).view(mx.float32)
+    return mx.where(x < _EXP_MIN, 0.0, mx.where(x > _EXP_MAX, mx.inf, y))
+
+
+# Fused kernels. Not shapeless (a bit-cast's shape cannot be inferred then): a new shape
+# costs a re-trace, the C++ kernel itself is shape-generic and compiled once.
+@mx.compile
+def _swiglu(gate: mx.array, up: mx.array) -> mx.array:
+    g = gate.astype(mx.float32)
+    return (g * up / (1.0 + _exp(-g))).astype(gate.dtype)
+
+
+@mx.compile
+def _scaled_exp(x: mx.array, row_max: mx.array, scale: mx.array) -> mx.array:
+    return _exp((x - row_max) * scale)
+
+
+@cache
+def enabled() -> bool:
+    """True when the default device is the CPU and MLX can compile CPU kernels here."""
+    if mx.default_device() != mx.cpu:
+        return False
+    try:
+        mx.eval(_swiglu(mx.zeros((2,)), mx.zeros((2,))))
+        return True
+    except Exception:  # no C++ compiler for MLX's CPU JIT: keep MLX's own ops
+        return False
+
+
+def swiglu(gate: mx.array, up: mx.array) -> mx.array:
+    """silu(gate) * up."""
+    if not enabled():
+        return nn.silu(gate) * up
+    return _swiglu(gate, up)
+
+
+def softmax(x: mx.array, axis: int = -1) -> mx.array:
+    """Softmax along `axis`, computed and returned in float32."""
+    x = x.astype(mx.float32)
+    if not enabled():
+        return mx.softmax(x, axis=axis)
+    e = _scaled_exp(x, x.max(axis=axis, keepdims=True), mx.array(1.0))
+    return e / e.sum(axis=axis, keepdims=True)
+
+
+def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
+              mask: Optional[mx.array] = None) -> mx.array:
+    """Scaled dot-product attention of (B, H, T, D) queries over (B, Hkv, S, D) keys and
+    values; `mask` as for `mx.fast.scaled_dot_product_attention`. Ours takes None or a
+    boolean (T, S) mask (True = may attend) and hands anything else to MLX's kernel."""
+    own_mask = mask is None or (isinstance(mask, mx.array) and mask.ndim == 2
+                                and mask.dtype == mx.bool_)
+    if not enabled() or q.shape[2] < 4 or not own_mask:
+        # Up to 3 query rows MLX's own kernel is as cheap (measured).
+        return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+    B, H, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    groups = H // Hkv
+    # Query heads h*groups..(h+1)*groups-1 share key/value head h: one matmul per kv head.
+    scores = (q.reshape(B, Hkv, groups * T, D) @ k.swapaxes(-1, -2)).astype(mx.float32)
+    if mask is not None:
+        scores = mx.where(mask, scores.reshape(B, Hkv, groups, T, S), -mx.inf)
+        scores = scores.reshape(B, Hkv, groups * T, S)
+    weights = _scaled_exp(scores, scores.max(axis=-1, keepdims=True), mx.array(scale, mx.float32))
+    out = (weights.astype(v.dtype) @ v) / weights.sum(axis=-1, keepdims=True).astype(v.dtype)
+    return out.reshape(B, H, T, D)

@@ -1,0 +1,71 @@
+"""cpu_ops: the CPU's fused exp, softmax, SwiGLU and attention equal MLX's own ops."""
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+import tiny
+from dflash_mlx import Target, cpu_ops, load
+
+pytestmark = pytest.mark.skipif(not cpu_ops.enabled(), reason="cpu_ops is the CPU-only path")
+
+
+def test_exp_is_accurate_over_the_float32_range():
+    x = mx.concatenate([mx.linspace(-87, 88, 20001), mx.random.normal((5000,)) * 10])
+    exact = np.exp(np.array(x, dtype=np.float64))
+    rel = np.abs(np.array(cpu_ops._exp(x), dtype=np.float64) - exact) / exact
+    assert rel.max() < 3e-7  # a few float32 ulps (MLX's own CPU exp is within 4e-6)
+
+
+def test_exp_limits():
+    x = mx.array([-mx.inf, -1e4, -88.0, 89.0, 1e4, mx.inf, 0.0])
+    assert cpu_ops._exp(x).tolist() == [0.0, 0.0, 0.0, float("inf"), float("inf"),
+                                        float("inf"), 1.0]
+
+
+def test_swiglu_and_softmax_match_mlx():
+    gate, up = mx.random.normal((2, 8, 96)) * 6, mx.random.normal((2, 8, 96))
+    assert mx.allclose(cpu_ops.swiglu(gate, up), nn.silu(gate) * up, atol=1e-5, rtol=1e-5)
+    logits = mx.random.normal((7, 300)) * 8
+    assert mx.allclose(cpu_ops.softmax(logits), mx.softmax(logits, axis=-1), atol=1e-6)
+
+
+def _masks(T, S):
+    q = (S - T) + mx.arange(T)[:, None]
+    k = mx.arange(S)[None]
+    return {"none": None, "causal": k <= q, "window": (k <= q) & (q - k < 5)}
+
+
+@pytest.mark.parametrize("T", [2, 4, 9])
+@pytest.mark.parametrize("heads", [(4, 4), (6, 2)])
+@pytest.mark.parametrize("kind", ["none", "causal", "window"])
+def test_attention_matches_mlx(T, heads, kind):
+    (H, Hkv), S, D = heads, 37, 16
+    q = mx.random.normal((1, H, T, D))
+    k, v = mx.random.normal((1, Hkv, S, D)), mx.random.normal((1, Hkv, S, D))
+    mask = _masks(T, S)[kind]
+    expected = mx.fast.scaled_dot_product_attention(q, k, v, scale=D**-0.5, mask=mask)
+    got = cpu_ops.attention(q, k, v, D**-0.5, mask)
+    assert got.shape == expected.shape
+    assert mx.allclose(got, expected, atol=1e-5), float(mx.abs(got - expected).max())
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_standard_blocks_match_mlx_lm(models_dir, family):
+    """A verify-sized block after a prompt: our CPU blocks give mlx-lm's logits."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    path = models_dir / f"{family}-cpu-ops"
+    if not path.exists():
+        tiny.make_target(path, family)
+    model, _ = load(str(path))
+    target = Target(model)
+    assert all(target._standard)
+    prompt, block = mx.array([[5, 17, 99, 3, 42, 42, 7]]), mx.array([[11, 12, 13, 14, 15, 16]])
+    ours, theirs = target.make_cache(), make_prompt_cache(model)
+    target(prompt, ours)
+    model(prompt, cache=theirs)
+    hidden, _ = target(block, ours)
+    expected = model(block, cache=theirs)
+    assert mx.allclose(target.logits(hidden), expected, atol=1e-4)
