@@ -110,9 +110,24 @@ def _is_standard_block(layer) -> bool:
         and all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj"))
 
 
-def _standard_block(layer, x, mask, cache):
+def _shared_rope(layers, standard) -> Optional[tuple]:
+    """(dims, base, scale) when every standard layer rotates its whole heads with the same
+    plain `nn.RoPE`, so one `cpu_ops.rope_table` per forward serves them all; else None."""
+    params = set()
+    for layer, ok in zip(layers, standard):
+        if not ok:
+            continue
+        attn = layer.self_attn
+        rope, head_dim = attn.rope, attn.q_proj.weight.shape[0] // attn.n_heads
+        if not isinstance(rope, nn.RoPE) or rope.traditional or rope.dims != head_dim:
+            return None
+        params.add((rope.dims, rope.base, rope.scale))
+    return params.pop() if len(params) == 1 else None
+
+
+def _standard_block(layer, x, mask, cache, rope_table=None):
     # Mirrors mlx_lm's llama/qwen2/qwen3 TransformerBlock.__call__, with cpu_ops'
-    # attention and SwiGLU, whose cost on the CPU would otherwise grow fast with the block.
+    # attention, SwiGLU and rotary tables, which cost less on the CPU.
     attn, mlp = layer.self_attn, layer.mlp
     h = layer.input_layernorm(x)
     B, L, _ = h.shape
@@ -121,8 +136,12 @@ def _standard_block(layer, x, mask, cache):
     v = attn.v_proj(h).reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
     if hasattr(attn, "q_norm"):
         q, k = attn.q_norm(q), attn.k_norm(k)
-    q = attn.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
-    k = attn.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
+    if rope_table is not None:
+        q = cpu_ops.rope(q, rope_table).transpose(0, 2, 1, 3)
+        k = cpu_ops.rope(k, rope_table).transpose(0, 2, 1, 3)
+    else:
+        q = attn.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
+        k = attn.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
     k, v = cache.update_and_fetch(k, v)
     out = cpu_ops.attention(q, k, v, attn.scale, mask)
     h = x + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
@@ -130,7 +149,7 @@ def _standard_block(layer, x, mask, cache):
     return h + mlp.down_proj(cpu_ops.swiglu(mlp.gate_proj(y), mlp.up_proj(y)))
 
 
-def _call_layer(layer, x, mask, cache):
+def _call_layer(layer, x, mask, cache, rope_table=None):
     return layer(x, mask, cache)
 
 
@@ -177,6 +196,7 @@ class Target:
             cpu_ops.enabled() and self.model_type in _STANDARD_BLOCKS and _is_standard_block(l)
             for l in self.layers
         ]
+        self._rope = _shared_rope(self.layers, self._standard)
         self.embed_tokens = self.inner.embed_tokens
         self.embed_scale = getattr(self.inner, "embed_scale", 1.0)
         self.softcap = getattr(self.lm, "final_logit_softcapping", None)
@@ -228,6 +248,10 @@ class Target:
             return self._gemma4(tokens, cache)
         h = self.embed(tokens)
         masks: dict = {}
+        rope_table = None
+        if self._rope is not None:
+            offset = cache[self._standard.index(True)].offset
+            rope_table = cpu_ops.rope_table(*self._rope, offset, tokens.shape[1])
         wanted = set(self.feature_layer_ids)
         outputs = {}
         for i, (layer, c) in enumerate(zip(self.layers, cache)):
@@ -243,7 +267,7 @@ class Target:
                     masks[key] = create_attention_mask(h, c, window_size=key,
                                                        return_array=as_array)
                 block = _standard_block if self._standard[i] else _call_layer
-                h = block(layer, h, masks[key], c)
+                h = block(layer, h, masks[key], c, rope_table)
             if i in wanted:
                 outputs[i] = h
         return self.inner.norm(h), self._fuse(outputs)

@@ -61,7 +61,7 @@ def test_standard_blocks_match_mlx_lm(models_dir, family):
         tiny.make_target(path, family)
     model, _ = load(str(path))
     target = Target(model)
-    assert all(target._standard)
+    assert all(target._standard) and target._rope is not None
     prompt, block = mx.array([[5, 17, 99, 3, 42, 42, 7]]), mx.array([[11, 12, 13, 14, 15, 16]])
     ours, theirs = target.make_cache(), make_prompt_cache(model)
     target(prompt, ours)
@@ -69,3 +69,13 @@ def test_standard_blocks_match_mlx_lm(models_dir, family):
     hidden, _ = target(block, ours)
     expected = model(block, cache=theirs)
     assert mx.allclose(target.logits(hidden), expected, atol=1e-4)
+
+
+@pytest.mark.parametrize("base,scale", [(10000.0, 1.0), (1e6, 0.25)])
+@pytest.mark.parametrize("offset", [0, 300, 9000])
+def test_rope_table_equals_mlx_rope(base, scale, offset):
+    rope = nn.RoPE(32, traditional=False, base=base, scale=scale)
+    x = mx.random.normal((1, 5, 3, 32))  # (B, L, H, D): the layout before the head transpose
+    expected = rope(x.transpose(0, 2, 1, 3), offset=offset).transpose(0, 2, 1, 3)
+    got = cpu_ops.rope(x, cpu_ops.rope_table(32, base, scale, offset, 5))
+    assert mx.array_equal(got, expected)
