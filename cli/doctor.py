@@ -24,6 +24,19 @@ def _backend(mx) -> str:
     return "CPU"
 
 
+def _cpu_kernels(mx) -> tuple[str, list]:
+    """Which kernels block verification uses on this device, and a fix if they are slow."""
+    from dflash_mlx import cpu_ops
+
+    if mx.default_device() != mx.cpu:
+        return "MLX's own (fused on this device)", []
+    if cpu_ops.enabled():
+        return "fused (mx.compile, cpu_ops)", []
+    return "MLX's own (MLX could not compile CPU kernels)", [
+        "MLX could not compile CPU kernels, so verifying a block is ~10% slower: install a "
+        "C++ compiler (Debian/Ubuntu: `sudo apt-get install g++`)."]
+
+
 def collect(matmul_size: int = 1024) -> dict:
     """Everything doctor reports, as plain data (also what `--json` prints)."""
     import mlx.core as mx
@@ -48,6 +61,8 @@ def collect(matmul_size: int = 1024) -> dict:
         "matmul_gflops": None if gflops is None else round(gflops, 1),
         "fixes": blas.advice(info, gflops, openblas=openblas),
     }
+    report["cpu_kernels"], fixes = _cpu_kernels(mx)
+    report["fixes"] += fixes
     try:
         report["default_target"] = defaults.default_target()
     except ValueError as e:
@@ -81,6 +96,7 @@ def render(report: dict):
         ("BLAS in use", blas + (f"\n[dim]{report['blas_path']}[/dim]" if report["blas_path"] else "")),
         ("OpenBLAS installed", report["openblas_installed"] or "no"),
         (f"Matmul {report['matmul_size']}² f32", speed),
+        ("Attention kernels", report["cpu_kernels"]),
         ("Default target", report["default_target"] or "[red]missing[/red]"),
         ("Default drafter", report["default_draft"] or "[yellow]none[/yellow]"),
     ]

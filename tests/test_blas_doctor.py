@@ -88,7 +88,7 @@ def test_doctor_cli():
     result = CliRunner().invoke(app, ["doctor", "--matmul-size", "64"])
     assert result.exit_code == 0, result.output
     for field in ["Backend", "Device", "BLAS in use", "Matmul 64", "GFLOP/s", "MLX / mlx-lm",
-                  "Default target", "Default drafter"]:
+                  "Attention kernels", "Default target", "Default drafter"]:
         assert field in result.output
 
 
@@ -100,6 +100,11 @@ def test_doctor_json():
     assert report["matmul_gflops"] > 0 and report["matmul_size"] == 64
     assert report["mlx"][0].isdigit() and report["blas"]
     assert isinstance(report["fixes"], list) and report["ok"] == (not report["fixes"])
+    if report["backend"] == "CPU":  # fused when MLX can compile here, else a fix says how
+        from dflash_mlx import cpu_ops
+
+        assert report["cpu_kernels"].startswith("fused") == cpu_ops.enabled()
+        assert cpu_ops.enabled() or any("C++ compiler" in f for f in report["fixes"])
     if sys.platform.startswith("linux") and not report["blas"].startswith(("OpenBLAS", "MKL")):
         assert any("OpenBLAS" in f for f in report["fixes"])
 
