@@ -52,13 +52,16 @@ def _rotate(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
     return x * cos + mx.concatenate([x[..., half:], x[..., :half]], axis=-1) * sin
 
 
-@cache
 def enabled() -> bool:
     """True when the default device is the CPU and MLX can compile CPU kernels here."""
-    if mx.default_device() != mx.cpu:
-        return False
+    return mx.default_device() == mx.cpu and _can_compile()
+
+
+@cache
+def _can_compile() -> bool:
     try:
-        mx.eval(_swiglu(mx.zeros((2,)), mx.zeros((2,))))
+        with mx.stream(mx.cpu):
+            mx.eval(_swiglu(mx.zeros((2,)), mx.zeros((2,))))
         return True
     except Exception:  # no C++ compiler for MLX's CPU JIT: keep MLX's own ops
         return False

@@ -79,3 +79,17 @@ def test_rope_table_equals_mlx_rope(base, scale, offset):
     expected = rope(x.transpose(0, 2, 1, 3), offset=offset).transpose(0, 2, 1, 3)
     got = cpu_ops.rope(x, cpu_ops.rope_table(32, base, scale, offset, 5))
     assert mx.array_equal(got, expected)
+
+
+def test_without_a_compiler_everything_is_mlx_own(models_dir, monkeypatch):
+    path = models_dir / "llama-cpu-ops"
+    if not path.exists():
+        tiny.make_target(path, "llama")
+    model, _ = load(str(path))
+    monkeypatch.setattr(cpu_ops, "_can_compile", lambda: False)
+    assert not cpu_ops.enabled()
+    target = Target(model)
+    assert not any(target._standard) and target._rope is None
+    q, k = mx.random.normal((1, 4, 6, 16)), mx.random.normal((1, 2, 9, 16))
+    expected = mx.fast.scaled_dot_product_attention(q, k, k, scale=0.25, mask=None)
+    assert mx.array_equal(cpu_ops.attention(q, k, k, 0.25), expected)
