@@ -2,7 +2,8 @@
 drafter needs, plus exact rollback of the target cache after a partly rejected block.
 
 We run the decoder layers ourselves (same calls, same order as mlx-lm's model code)
-instead of patching library classes. Attention layers are called as-is; GatedDeltaNet
+instead of patching library classes. Attention layers are called as-is, except that on
+the CPU llama/qwen2/qwen3 blocks are mirrored here with `cpu_ops`' kernels; GatedDeltaNet
 (linear attention) mixers are evaluated here so their recurrence inputs can be kept
 and replayed over the accepted prefix, which restores the recurrent and conv states
 exactly without a second target forward.
@@ -191,7 +192,7 @@ class Target:
         self._linear = [bool(getattr(l, "is_linear", False)) for l in self.layers]
         self.recurrent = any(self._linear)  # rollback needs a tape of the verify pass
         self._windows = _sliding_windows(self.inner, self.layers)
-        # On the CPU, standard blocks run through cpu_ops (same math, cheaper exp).
+        # On the CPU, standard blocks run through cpu_ops (same math, cheaper exp and rope).
         self._standard = [
             cpu_ops.enabled() and self.model_type in _STANDARD_BLOCKS and _is_standard_block(l)
             for l in self.layers
