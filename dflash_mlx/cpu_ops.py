@@ -103,6 +103,9 @@ def softmax(x: mx.array, axis: int = -1) -> mx.array:
     return e / e.sum(axis=axis, keepdims=True)
 
 
+MAX_QUERY_ROWS = 64  # verify-sized blocks; longer prefill chunks use MLX's kernel
+
+
 def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
               mask: Optional[mx.array] = None) -> mx.array:
     """Scaled dot-product attention of (B, H, T, D) queries over (B, Hkv, S, D) keys and
@@ -110,8 +113,9 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
     boolean (T, S) mask (True = may attend) and hands anything else to MLX's kernel."""
     own_mask = mask is None or (isinstance(mask, mx.array) and mask.ndim == 2
                                 and mask.dtype == mx.bool_)
-    if not enabled() or q.shape[2] < 4 or not own_mask:
-        # Up to 3 query rows MLX's own kernel is as cheap (measured).
+    if not enabled() or not 4 <= q.shape[2] <= MAX_QUERY_ROWS or not own_mask:
+        # Up to 3 query rows MLX's own kernel is as cheap (measured); prefill chunks keep
+        # it too, as ours holds several score-sized arrays at once.
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     B, H, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]

@@ -93,3 +93,12 @@ def test_without_a_compiler_everything_is_mlx_own(models_dir, monkeypatch):
     q, k = mx.random.normal((1, 4, 6, 16)), mx.random.normal((1, 2, 9, 16))
     expected = mx.fast.scaled_dot_product_attention(q, k, k, scale=0.25, mask=None)
     assert mx.array_equal(cpu_ops.attention(q, k, k, 0.25), expected)
+
+
+def test_long_query_blocks_keep_mlx_kernel():
+    """Prefill chunks go to MLX's kernel: ours holds several (T, S) score arrays at once."""
+    T = cpu_ops.MAX_QUERY_ROWS + 1
+    q, k = mx.random.normal((1, 2, T, 8)), mx.random.normal((1, 1, T + 3, 8))
+    mask = _masks(T, T + 3)["causal"]
+    expected = mx.fast.scaled_dot_product_attention(q, k, k, scale=0.5, mask=mask)
+    assert mx.array_equal(cpu_ops.attention(q, k, k, 0.5, mask), expected)
