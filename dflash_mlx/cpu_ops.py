@@ -1,4 +1,4 @@
-"""Attention, softmax and SwiGLU that stay cheap on MLX's CPU backend as blocks grow.
+"""Attention, softmax, SwiGLU and rotary embeddings that cost less on MLX's CPU backend.
 
 On the CPU, MLX evaluates `exp` one element at a time (~12 ns each), so the softmax of
 block attention and the sigmoid of SwiGLU, whose work grows with the number of tokens
@@ -6,6 +6,7 @@ verified at once, cost a block-8 verify of a small target ~15 ms more than a pla
 Here `exp` is a polynomial of vectorizable ops fused by `mx.compile`: 2-3x faster and
 within 1e-7 relative (MLX's own CPU exp: 4e-6). Every entry point falls back to MLX's
 own ops off the CPU (Metal has fused kernels) and where MLX cannot compile CPU kernels.
+Rotary embeddings take one table per forward (`rope_table`) instead of MLX's per-call one.
 """
 
 from functools import cache
