@@ -263,8 +263,9 @@ class Target:
             else:
                 key = self._windows[i]
                 if key not in masks:
-                    # cpu_ops takes boolean masks, built once here for every layer
-                    as_array = self._standard[i] and h.shape[1] > 1
+                    # cpu_ops takes boolean masks, built once here for every layer;
+                    # prefill chunks keep mlx-lm's "causal" (MLX's kernel builds its own)
+                    as_array = self._standard[i] and 1 < h.shape[1] <= cpu_ops.MAX_QUERY_ROWS
                     masks[key] = create_attention_mask(h, c, window_size=key,
                                                        return_array=as_array)
                 block = _standard_block if self._standard[i] else _call_layer
