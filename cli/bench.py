@@ -3,7 +3,6 @@
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -11,27 +10,29 @@ import typer
 @dataclass
 class BenchOptions:
     dataset: str
-    model: Optional[str] = None
-    draft: Optional[str] = None
-    max_samples: Optional[int] = None
+    model: str | None = None
+    draft: str | None = None
+    max_samples: int | None = None
     max_tokens: int = 256
-    block_size: Optional[str] = None
+    block_size: str | None = None
     temp: float = 0.0
     thinking: bool = False
     seed: int = 42
-    json_out: Optional[Path] = None
-    plot: Optional[Path] = None
+    json_out: Path | None = None
+    plot: Path | None = None
     engines: list[str] = field(default_factory=list)
 
 
-def resolve_models(model: Optional[str], draft: Optional[str]) -> tuple[str, str]:
+def resolve_models(model: str | None, draft: str | None) -> tuple[str, str]:
     """Target and drafter: as given, else the built-in default pair / the drafter registry."""
     from dflash_mlx.chat import resolve_models as resolve
 
     model, draft, _ = resolve(model, draft)
     if draft is None:
-        raise ValueError(f"No DFlash drafter known for '{model}': pass --draft <folder or Hub id> "
-                         "(the benchmark compares plain decoding with DFlash).")
+        raise ValueError(
+            f"No DFlash drafter known for '{model}': pass --draft <folder or Hub id> "
+            "(the benchmark compares plain decoding with DFlash)."
+        )
     return str(model), str(draft)
 
 
@@ -48,17 +49,23 @@ def _engines(opts: BenchOptions, model, draft, tokenizer, ids: tuple[str, str]) 
     for name in opts.engines:
         if name == "reference":
             if ids[0].endswith(".gguf"):
-                raise ValueError("--engine reference loads targets with mlx-lm only: pass a "
-                                 "model folder or Hub id, not a .gguf file.")
+                raise ValueError(
+                    "--engine reference loads targets with mlx-lm only: pass a "
+                    "model folder or Hub id, not a .gguf file."
+                )
             engines["reference"] = bench.reference_engine(
                 resolve_path(ids[0], TARGET_FILES, "Target model"),
-                resolve_path(ids[1], DRAFT_FILES, "Drafter"), opts.temp)
+                resolve_path(ids[1], DRAFT_FILES, "Drafter"),
+                opts.temp,
+            )
         elif name != "dflash":
-            raise ValueError(f"Unknown --engine '{name}': the choices are dflash and reference.")
+            raise ValueError(
+                f"Unknown --engine '{name}': the choices are dflash and reference."
+            )
     return engines
 
 
-def execute(opts: BenchOptions, out=None, engines: Optional[dict] = None) -> int:
+def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
     """Run the benchmark and render it; the exit code (non-zero on a losslessness failure).
 
     `engines` replaces engines by name (tests pass a deliberately wrong one)."""
@@ -68,9 +75,14 @@ def execute(opts: BenchOptions, out=None, engines: Optional[dict] = None) -> int
 
     out = out or ui.console()
     config = bench.BenchConfig(
-        datasets=[opts.dataset], block_sizes=bench.parse_block_sizes(opts.block_size) or [],
-        max_samples=opts.max_samples, max_tokens=opts.max_tokens, temperature=opts.temp,
-        thinking=opts.thinking, seed=opts.seed)
+        datasets=[opts.dataset],
+        block_sizes=bench.parse_block_sizes(opts.block_size) or [],
+        max_samples=opts.max_samples,
+        max_tokens=opts.max_tokens,
+        temperature=opts.temp,
+        thinking=opts.thinking,
+        seed=opts.seed,
+    )
     if opts.max_samples is not None and opts.max_samples < 1:
         raise ValueError(f"--max-samples must be at least 1, got {opts.max_samples}.")
     if opts.temp < 0:
@@ -84,7 +96,8 @@ def execute(opts: BenchOptions, out=None, engines: Optional[dict] = None) -> int
     draft = load_draft(ids[1], target=model)
     # auto by default; the reference engine has no auto, so it also gets the drafter's size
     config.block_sizes = config.block_sizes or (
-        ["auto", draft.args.block_size] if opts.engines else ["auto"])
+        ["auto", draft.args.block_size] if opts.engines else ["auto"]
+    )
     all_engines = _engines(opts, model, draft, tokenizer, ids)
     all_engines.update(engines or {})
     env = bench.environment(model, draft, *ids)
@@ -92,18 +105,27 @@ def execute(opts: BenchOptions, out=None, engines: Optional[dict] = None) -> int
 
     records, tally, interrupted = [], bench.Tally(), False
     with ui.progress(out) as bar:
-        task = bar.add_task("warm-up", total=bench.count_turns(samples),
-                            speedup=ui.speedup_text(None))
+        task = bar.add_task(
+            "warm-up", total=bench.count_turns(samples), speedup=ui.speedup_text(None)
+        )
         try:
-            for i, turn in enumerate(bench.run(tokenizer, all_engines, samples, config)):
+            for i, turn in enumerate(
+                bench.run(tokenizer, all_engines, samples, config)
+            ):
                 records.extend(turn)
                 tally.add(turn)
-                bar.update(task, advance=1, description=turn[0].dataset,
-                           speedup=ui.speedup_text(tally.speedup()))
+                bar.update(
+                    task,
+                    advance=1,
+                    description=turn[0].dataset,
+                    speedup=ui.speedup_text(tally.speedup()),
+                )
         except KeyboardInterrupt:
             interrupted = True
     if interrupted:
-        ui.error(out, f"interrupted: summarising the {len(records)} runs measured so far.")
+        ui.error(
+            out, f"interrupted: summarising the {len(records)} runs measured so far."
+        )
 
     summary = bench.summarize(records)
     summary["interrupted"] = interrupted
@@ -112,7 +134,9 @@ def execute(opts: BenchOptions, out=None, engines: Optional[dict] = None) -> int
         ui.lossless_failure(out, summary["failures"])
     if opts.json_out is not None:
         opts.json_out.parent.mkdir(parents=True, exist_ok=True)
-        opts.json_out.write_text(json.dumps(bench.report(config, env, records, summary), indent=1))
+        opts.json_out.write_text(
+            json.dumps(bench.report(config, env, records, summary), indent=1)
+        )
         ui.note(out, f"wrote {opts.json_out}")
     if opts.plot is not None:
         bench.write_plot(records, summary, opts.plot)
@@ -125,27 +149,65 @@ def execute(opts: BenchOptions, out=None, engines: Optional[dict] = None) -> int
 
 
 def bench(
-    dataset: str = typer.Option(..., "--dataset", "-d", help="gsm8k, math500, humaneval, mbpp, "
-                                "mt-bench, all, a comma list, or a .jsonl file of prompts/turns."),
-    model: Optional[str] = typer.Option(None, "--model", "-m", help="Target: Hub id or folder."),
-    draft: Optional[str] = typer.Option(None, "--draft", help="DFlash drafter: Hub id or folder."),
-    max_samples: Optional[int] = typer.Option(None, "--max-samples", "-n",
-                                              help="Prompts per dataset (default: all)."),
+    dataset: str = typer.Option(
+        ...,
+        "--dataset",
+        "-d",
+        help="gsm8k, math500, humaneval, mbpp, "
+        "mt-bench, all, a comma list, or a .jsonl file of prompts/turns.",
+    ),
+    model: str | None = typer.Option(
+        None, "--model", "-m", help="Target: Hub id or folder."
+    ),
+    draft: str | None = typer.Option(
+        None, "--draft", help="DFlash drafter: Hub id or folder."
+    ),
+    max_samples: int | None = typer.Option(
+        None, "--max-samples", "-n", help="Prompts per dataset (default: all)."
+    ),
     max_tokens: int = typer.Option(256, "--max-tokens", help="New tokens per answer."),
-    block_size: Optional[str] = typer.Option(None, "--block-size", "-b",
-                                             help="16, auto, or a sweep like 4,8,16,auto (default: auto)."),
-    temp: float = typer.Option(0.0, "--temp", help="Sampling temperature (0 = greedy, checked lossless)."),
-    thinking: bool = typer.Option(False, "--thinking", help="enable_thinking in the chat template."),
-    seed: int = typer.Option(42, "--seed", help="Sample draw (42 = the reference's) and sampling seed."),
-    json_out: Optional[Path] = typer.Option(None, "--json", help="Write every record + summary here."),
-    plot: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG (needs dflash-mlx[plot])."),
-    engine: list[str] = typer.Option([], "--engine", help="Also measure: reference (the dflash package)."),
+    block_size: str | None = typer.Option(
+        None,
+        "--block-size",
+        "-b",
+        help="16, auto, or a sweep like 4,8,16,auto (default: auto).",
+    ),
+    temp: float = typer.Option(
+        0.0, "--temp", help="Sampling temperature (0 = greedy, checked lossless)."
+    ),
+    thinking: bool = typer.Option(
+        False, "--thinking", help="enable_thinking in the chat template."
+    ),
+    seed: int = typer.Option(
+        42, "--seed", help="Sample draw (42 = the reference's) and sampling seed."
+    ),
+    json_out: Path | None = typer.Option(
+        None, "--json", help="Write every record + summary here."
+    ),
+    plot: Path | None = typer.Option(
+        None, "--plot", help="Write a PNG (needs dflash-mlx[plot])."
+    ),
+    engine: list[str] = typer.Option(
+        [], "--engine", help="Also measure: reference (the dflash package)."
+    ),
 ):
     """Measure plain mlx-lm decoding against DFlash, prompt by prompt, and check losslessness."""
     from . import bench_ui as ui
 
-    opts = BenchOptions(dataset, model, draft, max_samples, max_tokens, block_size, temp,
-                        thinking, seed, json_out, plot, list(engine))
+    opts = BenchOptions(
+        dataset,
+        model,
+        draft,
+        max_samples,
+        max_tokens,
+        block_size,
+        temp,
+        thinking,
+        seed,
+        json_out,
+        plot,
+        list(engine),
+    )
     try:
         code = execute(opts)
     except ValueError as e:

@@ -1,6 +1,5 @@
 """Rich rendering for `dflash-mlx bench`: progress, result tables, histograms, environment."""
 
-from typing import Optional
 
 from rich import box
 from rich.console import Console
@@ -26,13 +25,19 @@ def console(stderr: bool = False) -> Console:
 def progress(out: Console) -> Progress:
     """Bar with ETA and the running speedup (field `speedup`)."""
     return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[speedup]}"), TimeElapsedColumn(), TextColumn("ETA"),
-        TimeRemainingColumn(), console=out, transient=True,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[speedup]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=out,
+        transient=True,
     )
 
 
-def speedup_text(value: Optional[tuple[float, int]]) -> str:
+def speedup_text(value: tuple[float, int] | None) -> str:
     return "speedup –" if value is None else f"speedup {value[0]:.2f}× (B={value[1]})"
 
 
@@ -45,15 +50,18 @@ def sparkline(hist: list[float]) -> str:
     top = max(hist, default=0.0)
     if top <= 0:
         return "–"
-    return "".join(SPARK[max(1, round(h / top * (len(SPARK) - 1)))] if h > 0 else "·"
-                   for h in hist)
+    return "".join(
+        SPARK[max(1, round(h / top * (len(SPARK) - 1)))] if h > 0 else "·" for h in hist
+    )
 
 
 def histogram(row: dict, width: int = 30) -> Text:
     """Horizontal bar chart of the acceptance lengths of one summary row."""
     t = Text()
-    t.append(f"acceptance lengths · {row['dataset']} · {row['engine']} · B={row['block_size']}\n",
-             style="bold")
+    t.append(
+        f"acceptance lengths · {row['dataset']} · {row['engine']} · B={row['block_size']}\n",
+        style="bold",
+    )
     hist = row["tau_histogram"]
     top = max(hist, default=0.0) or 1.0
     last = max((i for i, h in enumerate(hist) if h > 0), default=0)
@@ -67,27 +75,58 @@ def histogram(row: dict, width: int = 30) -> Text:
 def summary_table(rows: list[dict]) -> Table:
     """One row per dataset and block size (and engine, when several are measured)."""
     engines = len({r["engine"] for r in rows}) > 1
-    table = Table(title="decode speed (tok/s): plain mlx-lm vs DFlash",
-                  caption="n: prompt turns · τ: tokens per target forward · GB: peak memory · "
-                  "exact: same tokens as mlx-lm", caption_justify="left", title_justify="left",
-                  title_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 1), collapse_padding=True)
-    columns = [("dataset", "left"), ("engine", "left"), ("B", "right"), ("n", "right"),
-               ("mlx-lm", "right"), ("DFlash", "right"), ("speedup", "right"), ("τ", "right"),
-               ("τ = 1..B", "left"), ("GB", "right"), ("exact", "left")]
+    table = Table(
+        title="decode speed (tok/s): plain mlx-lm vs DFlash",
+        caption="n: prompt turns · τ: tokens per target forward · GB: peak memory · "
+        "exact: same tokens as mlx-lm",
+        caption_justify="left",
+        title_justify="left",
+        title_style="bold",
+        box=box.SIMPLE_HEAD,
+        pad_edge=False,
+        padding=(0, 1),
+        collapse_padding=True,
+    )
+    columns = [
+        ("dataset", "left"),
+        ("engine", "left"),
+        ("B", "right"),
+        ("n", "right"),
+        ("mlx-lm", "right"),
+        ("DFlash", "right"),
+        ("speedup", "right"),
+        ("τ", "right"),
+        ("τ = 1..B", "left"),
+        ("GB", "right"),
+        ("exact", "left"),
+    ]
     for name, justify in columns:
         if name != "engine" or engines:
             table.add_column(name, justify=justify, no_wrap=True)
     for i, r in enumerate(rows):
         fails = r["lossless_failures"]
-        cells = [r["dataset"], r["engine"], str(r["block_size"]), str(r["prompts"]),
-                 _f(r["baseline_tps"], ".1f"), _f(r["tps"], ".1f"),
-                 Text(f"{r['speedup']:.2f}×", style="green" if r["speedup"] >= 1 else "yellow"),
-                 _f(r["mean_tau"], ".2f"), Text(sparkline(r["tau_histogram"]), style="cyan"),
-                 _f(r["peak_memory_gb"], ".2f"),
-                 Text(f"FAIL {fails}", style="bold red") if fails else Text("ok", style="green")]
+        cells = [
+            r["dataset"],
+            r["engine"],
+            str(r["block_size"]),
+            str(r["prompts"]),
+            _f(r["baseline_tps"], ".1f"),
+            _f(r["tps"], ".1f"),
+            Text(
+                f"{r['speedup']:.2f}×", style="green" if r["speedup"] >= 1 else "yellow"
+            ),
+            _f(r["mean_tau"], ".2f"),
+            Text(sparkline(r["tau_histogram"]), style="cyan"),
+            _f(r["peak_memory_gb"], ".2f"),
+            Text(f"FAIL {fails}", style="bold red")
+            if fails
+            else Text("ok", style="green"),
+        ]
         if not engines:
             del cells[1]
-        last_of_dataset = i + 1 < len(rows) and rows[i + 1]["dataset"] == "all" != r["dataset"]
+        last_of_dataset = (
+            i + 1 < len(rows) and rows[i + 1]["dataset"] == "all" != r["dataset"]
+        )
         table.add_row(*cells, end_section=last_of_dataset)
     return table
 
@@ -97,19 +136,31 @@ def results(out: Console, summary: dict, temperature: float):
     out.print(summary_table(rows))
     overall = [r for r in rows if r["dataset"] == "all"] or rows
     for row in overall:
-        out.print(Text(f"time to first token ({row['dataset']}, B={row['block_size']}): mlx-lm "
-                       f"{row['baseline_ttft_s'] * 1000:.0f} ms · {row['engine']} "
-                       f"{row['ttft_s'] * 1000:.0f} ms", style="dim"))
+        out.print(
+            Text(
+                f"time to first token ({row['dataset']}, B={row['block_size']}): mlx-lm "
+                f"{row['baseline_ttft_s'] * 1000:.0f} ms · {row['engine']} "
+                f"{row['ttft_s'] * 1000:.0f} ms",
+                style="dim",
+            )
+        )
     for row in overall:
         if row["mean_tau"] is not None:
             out.print(histogram(row))
     if temperature > 0:
-        out.print(Text("temperature > 0: outputs are samples, losslessness is not compared "
-                       "token by token.", style="yellow"))
+        out.print(
+            Text(
+                "temperature > 0: outputs are samples, losslessness is not compared "
+                "token by token.",
+                style="yellow",
+            )
+        )
 
 
 def environment(out: Console, env: dict):
-    table = Table(title="environment", title_justify="left", title_style="bold", show_header=False)
+    table = Table(
+        title="environment", title_justify="left", title_style="bold", show_header=False
+    )
     table.add_column(style="dim")
     table.add_column()
     for key, value in env.items():
@@ -122,16 +173,27 @@ def environment(out: Console, env: dict):
 
 def lossless_failure(out: Console, failures: list[dict]):
     lines = Text()
-    lines.append(f"{len(failures)} generation(s) differ from plain mlx-lm decoding at "
-                 "temperature 0. DFlash must be lossless: this is a bug.\n", style="bold")
+    lines.append(
+        f"{len(failures)} generation(s) differ from plain mlx-lm decoding at "
+        "temperature 0. DFlash must be lossless: this is a bug.\n",
+        style="bold",
+    )
     for f in failures[:20]:
-        lines.append(f"  {f['dataset']} sample {f['sample']} turn {f['turn'] + 1}: engine "
-                     f"{f['engine']} B={f['block_size']} first differs at token "
-                     f"{f['first_mismatch']}\n")
+        lines.append(
+            f"  {f['dataset']} sample {f['sample']} turn {f['turn'] + 1}: engine "
+            f"{f['engine']} B={f['block_size']} first differs at token "
+            f"{f['first_mismatch']}\n"
+        )
     if len(failures) > 20:
         lines.append(f"  … and {len(failures) - 20} more (see --json)\n")
-    out.print(Panel(lines, title="LOSSLESSNESS FAILURE", border_style="bold red",
-                    title_align="left"))
+    out.print(
+        Panel(
+            lines,
+            title="LOSSLESSNESS FAILURE",
+            border_style="bold red",
+            title_align="left",
+        )
+    )
 
 
 def loading(out: Console, what: str):

@@ -1,16 +1,26 @@
 """`dflash-mlx chat`: a terminal chat with live speculative-decoding statistics."""
 
 import signal
-from typing import Optional
 
 import typer
 
-MODEL_HELP = "Target model: local folder or Hugging Face repo id (default: the built-in one)."
+MODEL_HELP = (
+    "Target model: local folder or Hugging Face repo id (default: the built-in one)."
+)
 DRAFT_HELP = "DFlash drafter (default: the registry's drafter for the target)."
 
 
-def open_session(model, draft, no_draft, *, system=None, thinking=None, settings=None,
-                 raw=False, status=None):
+def open_session(
+    model,
+    draft,
+    no_draft,
+    *,
+    system=None,
+    thinking=None,
+    settings=None,
+    raw=False,
+    status=None,
+):
     """Resolve and load target + drafter; (ChatSession, note). Raises ValueError to fix."""
     from contextlib import nullcontext
 
@@ -18,14 +28,24 @@ def open_session(model, draft, no_draft, *, system=None, thinking=None, settings
     from dflash_mlx.chat import ChatSession, resolve_models
 
     model, draft, note = resolve_models(model, draft, no_draft)
-    with (status(model) if status else nullcontext()):
+    with status(model) if status else nullcontext():
         target, tokenizer = load(model)
         drafter = load_draft(draft, target=target) if draft else None
         _warm_up(target, tokenizer, drafter)
-    session = ChatSession(target, tokenizer, drafter, system=system, thinking=thinking,
-                          settings=settings, raw=raw, names={"model": model, "draft": draft})
+    session = ChatSession(
+        target,
+        tokenizer,
+        drafter,
+        system=system,
+        thinking=thinking,
+        settings=settings,
+        raw=raw,
+        names={"model": model, "draft": draft},
+    )
     if thinking is not None and not raw and not session.thinking_supported:
-        note = "; ".join(filter(None, [note, "this chat template has no thinking switch"]))
+        note = "; ".join(
+            filter(None, [note, "this chat template has no thinking switch"])
+        )
     return session, note
 
 
@@ -36,8 +56,9 @@ def _warm_up(target, tokenizer, drafter):
 
     block = drafter.args.block_size if drafter is not None else 1
     # the prefill, then one full block: every kernel shape of a verify
-    for _ in stream_generate(target, drafter, tokenizer, "Hello", max_tokens=1 + block,
-                             block_size=block):
+    for _ in stream_generate(
+        target, drafter, tokenizer, "Hello", max_tokens=1 + block, block_size=block
+    ):
         pass
 
 
@@ -61,7 +82,7 @@ class SoftInterrupt:
         return False
 
 
-def answer(session, out, text: str, note: Optional[str]):
+def answer(session, out, text: str, note: str | None):
     from . import ui
 
     try:
@@ -78,18 +99,22 @@ def answer(session, out, text: str, note: Optional[str]):
                     if stop.requested:
                         break
                 chunks.close()  # records the turn before the view prints its summary
-                stopped = stop.requested and session.turns[-1].finish_reason == "interrupted"
+                stopped = (
+                    stop.requested and session.turns[-1].finish_reason == "interrupted"
+                )
         except KeyboardInterrupt:
             stopped = True
         except Exception as e:  # one bad turn must not end the chat
-            ui.error(out, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}")
+            ui.error(
+                out, str(e) if isinstance(e, ValueError) else f"{type(e).__name__}: {e}"
+            )
         finally:
             chunks.close()
     if stopped:
         ui.interrupted(out)
 
 
-def parse_block_size(text: Optional[str]):
+def parse_block_size(text: str | None):
     """`--block-size` value: None, "auto", or an integer >= 1."""
     if text is None or text == "auto":
         return text
@@ -98,27 +123,43 @@ def parse_block_size(text: Optional[str]):
     except ValueError:
         value = 0
     if value < 1:
-        raise typer.BadParameter(f"expected an integer >= 1 or 'auto', got {text!r}.",
-                                 param_hint="--block-size")
+        raise typer.BadParameter(
+            f"expected an integer >= 1 or 'auto', got {text!r}.",
+            param_hint="--block-size",
+        )
     return value
 
 
 def chat(
-    model: Optional[str] = typer.Option(None, "--model", "-m", help=MODEL_HELP),
-    draft: Optional[str] = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
-    block_size: Optional[str] = typer.Option(
-        None, "--block-size", "-b",
+    model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    draft: str | None = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
+    block_size: str | None = typer.Option(
+        None,
+        "--block-size",
+        "-b",
         help="Verify block size, or 'auto' (the default) to pick per block from measured "
-             "speed and the drafter's confidence."),
-    temp: float = typer.Option(0.0, "--temp", "-t", min=0.0, help="Temperature (0 = greedy)."),
+        "speed and the drafter's confidence.",
+    ),
+    temp: float = typer.Option(
+        0.0, "--temp", "-t", min=0.0, help="Temperature (0 = greedy)."
+    ),
     top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
     top_k: int = typer.Option(0, "--top-k", min=0, help="0 disables top-k."),
-    max_tokens: int = typer.Option(1024, "--max-tokens", "-n", help="Per answer (-1: up to the context)."),
-    system: Optional[str] = typer.Option(None, "--system", "-s", help="System prompt."),
-    thinking: Optional[bool] = typer.Option(None, "--thinking/--no-thinking",
-                                            help="enable_thinking for templates that support it."),
-    no_draft: bool = typer.Option(False, "--no-draft", help="Plain decoding, no drafter."),
-    color: bool = typer.Option(False, "--color", help="Colour tokens: drafted (green) vs target."),
+    max_tokens: int = typer.Option(
+        1024, "--max-tokens", "-n", help="Per answer (-1: up to the context)."
+    ),
+    system: str | None = typer.Option(None, "--system", "-s", help="System prompt."),
+    thinking: bool | None = typer.Option(
+        None,
+        "--thinking/--no-thinking",
+        help="enable_thinking for templates that support it.",
+    ),
+    no_draft: bool = typer.Option(
+        False, "--no-draft", help="Plain decoding, no drafter."
+    ),
+    color: bool = typer.Option(
+        False, "--color", help="Colour tokens: drafted (green) vs target."
+    ),
 ):
     """Chat in the terminal with live tok/s and acceptance length."""
     from dflash_mlx.chat import COMMANDS, Settings
@@ -126,17 +167,37 @@ def chat(
     from . import ui
 
     out = ui.console()
-    settings = Settings(temperature=temp, top_p=top_p, top_k=top_k, max_tokens=max_tokens,
-                        block_size=parse_block_size(block_size), color=color)
+    settings = Settings(
+        temperature=temp,
+        top_p=top_p,
+        top_k=top_k,
+        max_tokens=max_tokens,
+        block_size=parse_block_size(block_size),
+        color=color,
+    )
     try:
-        session, note = open_session(model, draft, no_draft, system=system, thinking=thinking,
-                                     settings=settings, status=lambda m: ui.loading(out, m))
+        session, note = open_session(
+            model,
+            draft,
+            no_draft,
+            system=system,
+            thinking=thinking,
+            settings=settings,
+            status=lambda m: ui.loading(out, m),
+        )
     except ValueError as e:
         ui.error(out, str(e))
         raise typer.Exit(1)
-    ui.banner(out, {"model": session.names["model"], "draft": session.names["draft"],
-                    "block_size": session.block_size, "note": note,
-                    "thinking": _thinking_label(session)})
+    ui.banner(
+        out,
+        {
+            "model": session.names["model"],
+            "draft": session.names["draft"],
+            "block_size": session.block_size,
+            "note": note,
+            "thinking": _thinking_label(session),
+        },
+    )
     while True:
         try:
             text = ui.read_message(out)
@@ -163,7 +224,7 @@ def chat(
         answer(session, out, text, note if session.draft is None else None)
 
 
-def _thinking_label(session) -> Optional[str]:
+def _thinking_label(session) -> str | None:
     if not session.thinking_supported:
         return None
     state = {None: "template default", True: "on", False: "off"}[session.thinking]

@@ -34,7 +34,8 @@ def _cpu_kernels(mx) -> tuple[str, list]:
         return "fused (mx.compile, cpu_ops)", []
     return "MLX's own (MLX could not compile CPU kernels)", [
         "MLX could not compile CPU kernels, so verifying a block is ~10% slower: install a "
-        "C++ compiler (Debian/Ubuntu: `sudo apt-get install g++`)."]
+        "C++ compiler (Debian/Ubuntu: `sudo apt-get install g++`)."
+    ]
 
 
 def collect(matmul_size: int = 1024) -> dict:
@@ -72,7 +73,8 @@ def collect(matmul_size: int = 1024) -> dict:
     if report["default_draft"] is None:
         report["fixes"].append(
             f"No built-in drafter for {defaults.TARGET_NAME} ships with this install yet: "
-            "train one with `dflash-mlx train`, or pass a drafter with --draft.")
+            "train one with `dflash-mlx train`, or pass a drafter with --draft."
+        )
     report["ok"] = not report["fixes"]
     return report
 
@@ -87,13 +89,19 @@ def render(report: dict):
     table.add_column(overflow="fold")
     gflops = report["matmul_gflops"]
     speed = "skipped" if gflops is None else f"{gflops:.1f} GFLOP/s"
-    blas = report["blas"] + (" (re-executed with LD_PRELOAD)" if report["reexecuted"] else "")
+    blas = report["blas"] + (
+        " (re-executed with LD_PRELOAD)" if report["reexecuted"] else ""
+    )
     rows = [
         ("Platform", f"{report['platform']}, Python {report['python']}"),
         ("MLX / mlx-lm", f"{report['mlx']} / {report['mlx_lm']}"),
         ("Backend", report["backend"]),
         ("Device", report["device"]),
-        ("BLAS in use", blas + (f"\n[dim]{report['blas_path']}[/dim]" if report["blas_path"] else "")),
+        (
+            "BLAS in use",
+            blas
+            + (f"\n[dim]{report['blas_path']}[/dim]" if report["blas_path"] else ""),
+        ),
         ("OpenBLAS installed", report["openblas_installed"] or "no"),
         (f"Matmul {report['matmul_size']}² f32", speed),
         ("Attention kernels", report["cpu_kernels"]),
@@ -110,9 +118,15 @@ def render(report: dict):
 
 
 def doctor(
-    as_json: bool = typer.Option(False, "--json", help="Print the report as one JSON object."),
-    matmul_size: int = typer.Option(1024, "--matmul-size", min=0,
-                                    help="Size of the matmul speed probe (0 skips it)."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the report as one JSON object."
+    ),
+    matmul_size: int = typer.Option(
+        1024,
+        "--matmul-size",
+        min=0,
+        help="Size of the matmul speed probe (0 skips it).",
+    ),
 ):
     """Check backend, device, BLAS and matmul speed, and the built-in models; print fixes."""
     report = collect(matmul_size)

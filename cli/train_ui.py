@@ -20,15 +20,22 @@ def error(out: Console, message: str):
 
 
 def interrupted(out: Console, folder):
-    out.print(f"[yellow]Interrupted.[/] Progress is saved in {folder}: run the same command "
-              "again to resume.")
+    out.print(
+        f"[yellow]Interrupted.[/] Progress is saved in {folder}: run the same command "
+        "again to resume."
+    )
 
 
 def _bar(out: Console) -> Progress:
     return Progress(
-        TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"), TimeElapsedColumn(), TextColumn("ETA"),
-        TimeRemainingColumn(), console=out,
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        TextColumn("ETA"),
+        TimeRemainingColumn(),
+        console=out,
     )
 
 
@@ -62,25 +69,37 @@ def render(opts):
                 out.print(f"[bold cyan]{ev.name}[/] {ev.detail}")
             elif isinstance(ev, DataProgress):
                 bar("responses", ev.total, ev.done).update(
-                    task, completed=ev.done, info=f"{ev.new_tokens} new tokens")
+                    task, completed=ev.done, info=f"{ev.new_tokens} new tokens"
+                )
             elif isinstance(ev, FeatureProgress):
                 bar("features", ev.total, ev.done).update(task, completed=ev.done)
             elif isinstance(ev, StepEvent):
                 bar("train", ev.total, ev.step - 1).update(
-                    task, completed=ev.step,
-                    info=(f"loss {ev.loss:.3f} acc {ev.accuracy:.2f} lr {ev.lr:.1e} "
-                          f"{ev.tokens_per_s:,.0f} tok/s eta {ev.eta / 60:.0f} min"))
+                    task,
+                    completed=ev.step,
+                    info=(
+                        f"loss {ev.loss:.3f} acc {ev.accuracy:.2f} lr {ev.lr:.1e} "
+                        f"{ev.tokens_per_s:,.0f} tok/s eta {ev.eta / 60:.0f} min"
+                    ),
+                )
             elif isinstance(ev, ValEvent):
                 (progress.console if progress else out).print(
-                    f"step {ev.step}: τ = [bold green]{ev.tau:.2f}[/] on {ev.prompts} held-out prompts")
+                    f"step {ev.step}: τ = [bold green]{ev.tau:.2f}[/] on {ev.prompts} held-out prompts"
+                )
             elif isinstance(ev, SaveEvent):
-                (progress.console if progress else out).print(f"[dim]checkpoint {ev.path}[/]")
+                (progress.console if progress else out).print(
+                    f"[dim]checkpoint {ev.path}[/]"
+                )
             elif isinstance(ev, Finished):
                 close()
                 tau = "–" if ev.tau is None else f"{ev.tau:.2f}"
-                out.print(f"[bold green]Drafter written to {ev.path}[/] ({ev.steps} steps, "
-                          f"{ev.samples} samples, {ev.train_seconds / 60:.1f} min training, τ {tau}).")
-                out.print(f"Measure it: dflash-mlx bench -d gsm8k --model {opts.target} "
-                          f"--draft {ev.path} -b 16")
+                out.print(
+                    f"[bold green]Drafter written to {ev.path}[/] ({ev.steps} steps, "
+                    f"{ev.samples} samples, {ev.train_seconds / 60:.1f} min training, τ {tau})."
+                )
+                out.print(
+                    f"Measure it: dflash-mlx bench -d gsm8k --model {opts.target} "
+                    f"--draft {ev.path} -b 16"
+                )
     finally:
         close()

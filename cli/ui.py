@@ -1,7 +1,6 @@
 """All Rich terminal code: the chat's live answer view, status and summary lines, tables."""
 
 import sys
-from typing import Optional
 
 from rich.console import Console, Group
 from rich.live import Live
@@ -27,29 +26,38 @@ def mode_label(mode: str, block_size) -> str:
     return "DFlash auto" if block_size == "auto" else f"DFlash b{block_size}"
 
 
-def status_line(stats, note: Optional[str] = None) -> Text:
+def status_line(stats, note: str | None = None) -> Text:
     """Live numbers for the answer in progress (updated every verified block)."""
     t = Text()
     t.append("● ", style="bold green" if stats.mode == "dflash" else "bold yellow")
     t.append(mode_label(stats.mode, stats.block_size), style="bold")
     t.append(f"  {stats.generation_tps:7.1f} tok/s", style="cyan")
     if stats.mode == "dflash":
-        t.append(f"  τ {_fmt(stats.mean_accepted, '.2f')} (last {_fmt(stats.last_accepted, 'd')})",
-                 style="magenta")
-    t.append(f"  {stats.generation_tokens} tok  {stats.elapsed:.1f} s  {stats.peak_memory:.2f} GB",
-             style="dim")
+        t.append(
+            f"  τ {_fmt(stats.mean_accepted, '.2f')} (last {_fmt(stats.last_accepted, 'd')})",
+            style="magenta",
+        )
+    t.append(
+        f"  {stats.generation_tokens} tok  {stats.elapsed:.1f} s  {stats.peak_memory:.2f} GB",
+        style="dim",
+    )
     if note:
         t.append(f"  [{note}]", style="yellow")
     return t
 
 
-def summary_line(stats, note: Optional[str] = None) -> Text:
+def summary_line(stats, note: str | None = None) -> Text:
     """The per-turn line printed when an answer ends."""
     t = Text(style="dim")
     cached = f", {stats.reused_tokens} cached" if stats.reused_tokens else ""
-    t.append(f"prompt {stats.prompt_tokens} tok{cached} @ {stats.prompt_tps:.0f} tok/s"
-             f" · TTFT {stats.ttft * 1000:.0f} ms · ")
-    t.append(f"gen {stats.generation_tokens} tok @ {stats.generation_tps:.1f} tok/s", style="cyan")
+    t.append(
+        f"prompt {stats.prompt_tokens} tok{cached} @ {stats.prompt_tps:.0f} tok/s"
+        f" · TTFT {stats.ttft * 1000:.0f} ms · "
+    )
+    t.append(
+        f"gen {stats.generation_tokens} tok @ {stats.generation_tps:.1f} tok/s",
+        style="cyan",
+    )
     t.append(f" · {mode_label(stats.mode, stats.block_size)}")
     if stats.mode == "dflash":
         t.append(f" · τ {_fmt(stats.mean_accepted, '.2f')}", style="magenta")
@@ -76,17 +84,22 @@ def piece_style(piece, color: bool) -> str:
 class AnswerView:
     """Streams an answer: a live tail + status line on a terminal, plain text otherwise."""
 
-    def __init__(self, out: Console, color: bool = False, note: Optional[str] = None):
+    def __init__(self, out: Console, color: bool = False, note: str | None = None):
         self.out, self.color, self.note = out, color, note
-        self.live: Optional[Live] = None
+        self.live: Live | None = None
         self.tail = Text()
         self.stats = None
         self.err = console(stderr=True)
 
     def __enter__(self):
         if self.out.is_terminal:
-            self.live = Live(console=self.out, auto_refresh=True, refresh_per_second=12,
-                             vertical_overflow="crop", transient=False)
+            self.live = Live(
+                console=self.out,
+                auto_refresh=True,
+                refresh_per_second=12,
+                vertical_overflow="crop",
+                transient=False,
+            )
             self.live.start()
         return self
 
@@ -94,7 +107,11 @@ class AnswerView:
         if final:
             line = summary_line(self.stats, self.note) if self.stats else Text()
         else:
-            line = status_line(self.stats, self.note) if self.stats else Text("…", style="dim")
+            line = (
+                status_line(self.stats, self.note)
+                if self.stats
+                else Text("…", style="dim")
+            )
         return Group(self.tail, line)
 
     def update(self, chunk):
@@ -105,7 +122,9 @@ class AnswerView:
             return
         for piece in chunk.pieces:
             self.tail.append(piece.text, style=piece_style(piece, self.color))
-        if "\n" in self.tail.plain:  # finished lines scroll up for good; the live part stays small
+        if (
+            "\n" in self.tail.plain
+        ):  # finished lines scroll up for good; the live part stays small
             cut = self.tail.plain.rindex("\n") + 1
             done, self.tail = self.tail[:cut], self.tail[cut:]
             self.live.console.print(done, end="")
@@ -126,14 +145,21 @@ class AnswerView:
 def banner(out: Console, info: dict):
     out.print(Text.assemble(("dflash-mlx chat", "bold"), "  ", (info["model"], "cyan")))
     if info.get("draft"):
-        out.print(Text.assemble("drafter ", (info["draft"], "green"),
-                                f"  block {info['block_size']}"))
+        out.print(
+            Text.assemble(
+                "drafter ", (info["draft"], "green"), f"  block {info['block_size']}"
+            )
+        )
     if info.get("note"):
         out.print(Text(info["note"], style="yellow"))
     if info.get("thinking") is not None:
         out.print(Text(info["thinking"], style="dim"))
-    out.print(Text("Type /help for commands. Ctrl-C stops an answer; Ctrl-D or /exit leaves.",
-                   style="dim"))
+    out.print(
+        Text(
+            "Type /help for commands. Ctrl-C stops an answer; Ctrl-D or /exit leaves.",
+            style="dim",
+        )
+    )
 
 
 def read_message(out: Console) -> str:
@@ -157,21 +183,31 @@ def help_table(out: Console, commands: dict):
     table = Table(show_header=False, box=None, padding=(0, 2))
     for cmd, what in commands.items():
         table.add_row(Text(cmd, style="bold"), what)
-    table.add_row(Text('"""', style="bold"), "start/end a multi-line message (or end lines with \\)")
+    table.add_row(
+        Text('"""', style="bold"),
+        "start/end a multi-line message (or end lines with \\)",
+    )
     out.print(table)
 
 
 def stats_table(out: Console, stats: dict):
     table = Table(title="session", show_header=False, box=None, padding=(0, 2))
     rows = [
-        ("turns", stats["turns"]), ("generated tokens", stats["generated_tokens"]),
+        ("turns", stats["turns"]),
+        ("generated tokens", stats["generated_tokens"]),
         ("mode", mode_label(stats["mode"], stats["block_size"])),
         ("temperature", f"{stats['temperature']:g}"),
         ("mean τ (DFlash turns)", _fmt(stats["mean_acceptance"], ".2f")),
         ("DFlash tok/s", _fmt(stats["dflash_tps"], ".1f")),
         ("plain tok/s", _fmt(stats["plain_tps"], ".1f")),
-        ("cached tokens", f"{stats['cached_tokens']} / {_fmt(stats['context'], 'd', '?')}"),
-        ("last TTFT", _fmt(stats["last_ttft"] and stats["last_ttft"] * 1000, ".0f") + " ms"),
+        (
+            "cached tokens",
+            f"{stats['cached_tokens']} / {_fmt(stats['context'], 'd', '?')}",
+        ),
+        (
+            "last TTFT",
+            _fmt(stats["last_ttft"] and stats["last_ttft"] * 1000, ".0f") + " ms",
+        ),
         ("peak memory", f"{stats['peak_memory']:.2f} GB"),
     ]
     if stats["dflash_tps"] and stats["plain_tps"]:
@@ -190,7 +226,9 @@ def error(out: Console, message: str):
 
 
 def interrupted(out: Console):
-    out.print(Text("[interrupted: the partial answer stays in the conversation]", style="red"))
+    out.print(
+        Text("[interrupted: the partial answer stays in the conversation]", style="red")
+    )
 
 
 def loading(out: Console, what: str):
@@ -198,5 +236,5 @@ def loading(out: Console, what: str):
     return out.status(Text(f"loading {what}…", style="dim"), spinner="dots")
 
 
-def generate_stats(err: Console, stats, note: Optional[str] = None):
+def generate_stats(err: Console, stats, note: str | None = None):
     err.print(summary_line(stats, note))

@@ -14,7 +14,6 @@ current rate. Where v grows with T (CPUs) this skips hopeless drafts; where v is
 (GPUs running a big target) it keeps them all.
 """
 
-from typing import Optional
 
 
 class AdaptiveBlockSize:
@@ -23,19 +22,27 @@ class AdaptiveBlockSize:
     def __init__(self, max_size: int, explore_every: int = 24, smoothing: float = 0.3):
         if max_size < 1:
             raise ValueError(f"max block size must be >= 1, got {max_size}.")
-        self.sizes = sorted({1, max_size} | {s for s in (2, 4, 8, 16, 32) if s < max_size})
+        self.sizes = sorted(
+            {1, max_size} | {s for s in (2, 4, 8, 16, 32) if s < max_size}
+        )
         self.explore_every = explore_every
         self.smoothing = smoothing
         self.accepted = [0.0] * max_size  # accepted[k]: draft k+1 accepted
-        self.offered = [0.0] * max_size  # offered[k]: draft k+1 verified after k accepted
+        self.offered = [
+            0.0
+        ] * max_size  # offered[k]: draft k+1 verified after k accepted
         self.seconds: dict[int, float] = {}
         self.blocks = 0
         self._explore_next = 0
-        self._gap = explore_every  # blocks until the next exploration; doubles while they lose
-        self._explored: Optional[int] = None
-        self.verify_seconds: dict[int, float] = {}  # v(T): target time to verify T tokens
-        self._tokens: Optional[float] = None  # committed tokens per block, smoothed
-        self._block_seconds: Optional[float] = None  # seconds per block, smoothed
+        self._gap = (
+            explore_every  # blocks until the next exploration; doubles while they lose
+        )
+        self._explored: int | None = None
+        self.verify_seconds: dict[
+            int, float
+        ] = {}  # v(T): target time to verify T tokens
+        self._tokens: float | None = None  # committed tokens per block, smoothed
+        self._block_seconds: float | None = None  # seconds per block, smoothed
 
     def acceptance(self, k: int) -> float:
         """Estimated P(draft k accepted | drafts 1..k-1 accepted), k >= 1."""
@@ -49,12 +56,12 @@ class AdaptiveBlockSize:
             total += run
         return total
 
-    def rate(self, size: int) -> Optional[float]:
+    def rate(self, size: int) -> float | None:
         """Expected tokens per second at `size`, or None before it has been timed."""
         t = self.seconds.get(size)
         return None if t is None else self.expected_tokens(size) / t
 
-    def next(self, limit: Optional[int] = None) -> int:
+    def next(self, limit: int | None = None) -> int:
         """The block size to use next (never above `limit`)."""
         sizes = [s for s in self.sizes if limit is None or s <= limit] or [1]
         untried = [s for s in sizes if s not in self.seconds]
@@ -76,8 +83,14 @@ class AdaptiveBlockSize:
         self._gap = self.explore_every if won else min(self._gap * 2, 1024)
         self._explored = None
 
-    def observe(self, size: int, n_accepted: int, seconds: float,
-                verified: Optional[int] = None, verify_seconds: Optional[float] = None):
+    def observe(
+        self,
+        size: int,
+        n_accepted: int,
+        seconds: float,
+        verified: int | None = None,
+        verify_seconds: float | None = None,
+    ):
         """Record a block: size drafted, drafts accepted, wall time, and (when the block
         was cut) how many tokens the target verified and how long that took."""
         verified = size if verified is None else verified
@@ -88,24 +101,25 @@ class AdaptiveBlockSize:
                 self.accepted[k] += 1
         self.seconds[size] = self._smooth(self.seconds.get(size), seconds)
         if verify_seconds is not None:
-            self.verify_seconds[verified] = self._smooth(self.verify_seconds.get(verified),
-                                                         verify_seconds)
+            self.verify_seconds[verified] = self._smooth(
+                self.verify_seconds.get(verified), verify_seconds
+            )
         self._tokens = self._smooth(self._tokens, n_accepted + 1)
         self._block_seconds = self._smooth(self._block_seconds, seconds)
         if size == self._explored:
             self._after_exploring(size)
 
-    def _smooth(self, old: Optional[float], new: float) -> float:
+    def _smooth(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.smoothing * (new - old)
 
     @property
-    def tokens_rate(self) -> Optional[float]:
+    def tokens_rate(self) -> float | None:
         """Recent committed tokens per second (the rate a cut must beat)."""
         if not self._block_seconds:
             return None
         return self._tokens / self._block_seconds
 
-    def verify_cost(self, tokens: int) -> Optional[float]:
+    def verify_cost(self, tokens: int) -> float | None:
         """v(T) interpolated between measured sizes (flat beyond them); None if unknown."""
         known = sorted(self.verify_seconds.items())
         if len(known) < 2:
@@ -145,7 +159,7 @@ class FixedBlockSize:
             raise ValueError(f"block_size must be >= 1, got {size}.")
         self.size = size
 
-    def next(self, limit: Optional[int] = None) -> int:
+    def next(self, limit: int | None = None) -> int:
         return self.size if limit is None else max(1, min(self.size, limit))
 
     def observe(self, size: int, n_accepted: int, seconds: float, **measured):

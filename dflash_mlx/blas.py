@@ -10,8 +10,8 @@ never does this.
 import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Mapping, Optional, Sequence
 
 NO_REEXEC = "DFLASH_MLX_NO_REEXEC"
 REEXEC_MARKER = "DFLASH_MLX_BLAS_REEXEC"
@@ -46,13 +46,16 @@ def loaded_libraries(maps: str = "/proc/self/maps") -> list[str]:
     return list(seen)
 
 
-def find_openblas(candidates: Sequence[str] = OPENBLAS_PATHS) -> Optional[str]:
+def find_openblas(candidates: Sequence[str] = OPENBLAS_PATHS) -> str | None:
     """The first installed OpenBLAS library among the usual system locations."""
     return next((p for p in candidates if os.path.exists(p)), None)
 
 
-def blas_in_use(libraries: Optional[Sequence[str]] = None, platform: str = sys.platform,
-                environ: Mapping[str, str] = os.environ) -> dict:
+def blas_in_use(
+    libraries: Sequence[str] | None = None,
+    platform: str = sys.platform,
+    environ: Mapping[str, str] = os.environ,
+) -> dict:
     """{'name', 'path', 'fast'}: the BLAS that MLX's CPU matmuls go through in this process."""
     if platform == "darwin":
         return {"name": "Accelerate", "path": None, "fast": True}
@@ -62,7 +65,9 @@ def blas_in_use(libraries: Optional[Sequence[str]] = None, platform: str = sys.p
         libraries = loaded_libraries()
     preload = environ.get("LD_PRELOAD", "").replace(" ", ":").split(":")
     for lib in libraries:
-        if _is_openblas(lib) and any(p and Path(p).name == Path(lib).name for p in preload):
+        if _is_openblas(lib) and any(
+            p and Path(p).name == Path(lib).name for p in preload
+        ):
             return {"name": "OpenBLAS (preloaded)", "path": lib, "fast": True}
     for lib in libraries:
         name = Path(lib).name
@@ -72,11 +77,17 @@ def blas_in_use(libraries: Optional[Sequence[str]] = None, platform: str = sys.p
             return {"name": "OpenBLAS", "path": lib, "fast": True}
     for lib in libraries:
         if Path(lib).name.startswith("libblas") and "mlx" in lib:
-            return {"name": "reference BLAS (bundled with mlx-cpu)", "path": lib, "fast": False}
+            return {
+                "name": "reference BLAS (bundled with mlx-cpu)",
+                "path": lib,
+                "fast": False,
+            }
     return {"name": "unknown", "path": None, "fast": False}
 
 
-def matmul_gflops(n: int = 1024, min_seconds: float = 0.25, max_repeats: int = 20) -> float:
+def matmul_gflops(
+    n: int = 1024, min_seconds: float = 0.25, max_repeats: int = 20
+) -> float:
     """float32 n x n matmul speed on the default device, in GFLOP/s."""
     import mlx.core as mx
 
@@ -92,8 +103,12 @@ def matmul_gflops(n: int = 1024, min_seconds: float = 0.25, max_repeats: int = 2
             return 2 * n**3 * repeats / elapsed / 1e9
 
 
-def reexec_env(environ: Mapping[str, str], platform: str, openblas: Optional[str],
-               openblas_loaded: bool) -> Optional[dict]:
+def reexec_env(
+    environ: Mapping[str, str],
+    platform: str,
+    openblas: str | None,
+    openblas_loaded: bool,
+) -> dict | None:
     """The environment to re-execute with so OpenBLAS is preloaded, or None to run as is."""
     if not platform.startswith("linux") or openblas is None or openblas_loaded:
         return None
@@ -106,7 +121,9 @@ def reexec_env(environ: Mapping[str, str], platform: str, openblas: Optional[str
     return env
 
 
-def ensure_fast_blas(argv: Optional[Sequence[str]] = None, platform: str = sys.platform):
+def ensure_fast_blas(
+    argv: Sequence[str] | None = None, platform: str = sys.platform
+):
     """At CLI start on Linux: re-exec this command with OpenBLAS preloaded when it helps.
 
     `argv` is the command line after the interpreter (default: this process's own). Returns
@@ -125,21 +142,34 @@ def ensure_fast_blas(argv: Optional[Sequence[str]] = None, platform: str = sys.p
         return  # keep running on the bundled BLAS rather than fail
 
 
-def advice(info: dict, gflops: Optional[float], platform: str = sys.platform,
-           environ: Mapping[str, str] = os.environ, openblas: Optional[str] = None) -> list[str]:
+def advice(
+    info: dict,
+    gflops: float | None,
+    platform: str = sys.platform,
+    environ: Mapping[str, str] = os.environ,
+    openblas: str | None = None,
+) -> list[str]:
     """Fix-it lines for a slow or missing BLAS (empty when all is well)."""
     fixes = []
     if platform.startswith("linux") and not info["fast"]:
         if openblas is None:
-            fixes.append(f"OpenBLAS is not installed: `{INSTALL_FIX}` (Debian/Ubuntu; as root), "
-                         "then rerun. dflash-mlx preloads it automatically.")
+            fixes.append(
+                f"OpenBLAS is not installed: `{INSTALL_FIX}` (Debian/Ubuntu; as root), "
+                "then rerun. dflash-mlx preloads it automatically."
+            )
         elif environ.get(NO_REEXEC, "") not in ("", "0"):
-            fixes.append(f"{NO_REEXEC} is set, so OpenBLAS is not preloaded: unset it, or run "
-                         f"with LD_PRELOAD={openblas}.")
+            fixes.append(
+                f"{NO_REEXEC} is set, so OpenBLAS is not preloaded: unset it, or run "
+                f"with LD_PRELOAD={openblas}."
+            )
         else:
-            fixes.append(f"OpenBLAS is installed but not loaded in this process. The dflash-mlx "
-                         f"command preloads it; for your own scripts: LD_PRELOAD={openblas} python ...")
+            fixes.append(
+                f"OpenBLAS is installed but not loaded in this process. The dflash-mlx "
+                f"command preloads it; for your own scripts: LD_PRELOAD={openblas} python ..."
+            )
     if gflops is not None and gflops < SLOW_GFLOPS and info["name"] != "Accelerate":
-        fixes.append(f"Matmul runs at {gflops:.1f} GFLOP/s: speculative decoding cannot beat "
-                     "plain decoding at this speed (OpenBLAS reaches 100+ GFLOP/s on CPU).")
+        fixes.append(
+            f"Matmul runs at {gflops:.1f} GFLOP/s: speculative decoding cannot beat "
+            "plain decoding at this speed (OpenBLAS reaches 100+ GFLOP/s on CPU)."
+        )
     return fixes

@@ -1,6 +1,6 @@
 """Target + drafter caches that persist across calls (multi-turn chat reuse)."""
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 from .target import Target
 
@@ -28,7 +28,9 @@ class PromptCache:
 
     def reset(self, target: Target):
         self.target = target.make_cache()
-        self.draft = self.draft_model.make_cache() if self.draft_model is not None else None
+        self.draft = (
+            self.draft_model.make_cache() if self.draft_model is not None else None
+        )
         self.tokens: list[int] = []
 
     def fits(self, target: Target, draft) -> bool:

@@ -3,9 +3,10 @@ turns, slash-command state and transcripts. The CLI (`dflash-mlx chat`) only dra
 
 import json
 import time
-from dataclasses import asdict, dataclass, field
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Iterator, NamedTuple, Optional, Union
+from typing import NamedTuple
 
 from .adaptive import AdaptiveBlockSize
 from .generate import GenerationResponse, make_prompt_cache, stream_generate
@@ -26,7 +27,7 @@ COMMANDS = {
 }
 
 
-def resolve_models(model: Optional[str], draft: Optional[str], no_draft: bool = False):
+def resolve_models(model: str | None, draft: str | None, no_draft: bool = False):
     """(target, drafter or None, note or None) from CLI options, the defaults and the registry."""
     if model is None:
         try:
@@ -34,8 +35,10 @@ def resolve_models(model: Optional[str], draft: Optional[str], no_draft: bool = 
         except ModuleNotFoundError as e:
             if e.name != f"{__package__}.defaults":
                 raise
-            raise ValueError("No built-in default model yet: pass --model <folder or Hub id> "
-                             "(and --draft <drafter> for speculative decoding).") from None
+            raise ValueError(
+                "No built-in default model yet: pass --model <folder or Hub id> "
+                "(and --draft <drafter> for speculative decoding)."
+            ) from None
         model = default_target()
         if draft is None and not no_draft:
             draft = default_draft()
@@ -54,7 +57,7 @@ def resolve_models(model: Optional[str], draft: Optional[str], no_draft: bool = 
     return model, draft, None
 
 
-def context_length(model) -> Optional[int]:
+def context_length(model) -> int | None:
     """The target's context window from its config, when it declares one."""
     args = getattr(model, "args", None)
     for src in (args, getattr(args, "text_config", None)):
@@ -82,7 +85,7 @@ class Settings:
     top_k: int = 0
     min_p: float = 0.0
     max_tokens: int = 1024
-    block_size: Union[int, str, None] = None  # None or "auto": adaptive; an int: fixed
+    block_size: int | str | None = None  # None or "auto": adaptive; an int: fixed
     draft_on: bool = True
     color: bool = False
 
@@ -92,7 +95,7 @@ class TurnStats:
     """Numbers for one answer (the summary line and /stats)."""
 
     mode: str  # "dflash" or "plain"
-    block_size: Union[int, str]
+    block_size: int | str
     prompt_tokens: int = 0
     reused_tokens: int = 0
     prompt_tps: float = 0.0
@@ -102,14 +105,14 @@ class TurnStats:
     elapsed: float = 0.0  # seconds since the request
     blocks: int = 0  # verified blocks after the first token
     accepted: int = 0  # tokens those blocks committed
-    last_accepted: Optional[int] = None
+    last_accepted: int | None = None
     drafted: int = 0  # committed tokens that came from the drafter
     peak_memory: float = 0.0
-    finish_reason: Optional[str] = None  # "stop", "length" or "interrupted"
-    speedup: Optional[float] = None  # vs the plain tok/s measured in this session
+    finish_reason: str | None = None  # "stop", "length" or "interrupted"
+    speedup: float | None = None  # vs the plain tok/s measured in this session
 
     @property
-    def mean_accepted(self) -> Optional[float]:
+    def mean_accepted(self) -> float | None:
         return self.accepted / self.blocks if self.blocks else None
 
     def add(self, r: GenerationResponse, elapsed: float):
@@ -122,7 +125,10 @@ class TurnStats:
             self.accepted += r.accepted
             self.last_accepted = r.accepted
         self.drafted += r.from_draft
-        self.generation_tokens, self.generation_tps = r.generation_tokens, r.generation_tps
+        self.generation_tokens, self.generation_tps = (
+            r.generation_tokens,
+            r.generation_tps,
+        )
         self.peak_memory, self.elapsed = r.peak_memory, elapsed
 
 
@@ -168,7 +174,7 @@ class _Splitter:
                 if at < 0:
                     pieces.append(Piece(text, drafted, self.thinking))
                     break
-                head, text = text[: at + len(tag)], text[at + len(tag):]
+                head, text = text[: at + len(tag)], text[at + len(tag) :]
                 pieces.append(Piece(head, drafted, True))
                 self.thinking = not self.thinking
         return pieces
@@ -187,9 +193,19 @@ def split_thinking(text: str) -> tuple[str, str]:
 class ChatSession:
     """A conversation with a target (and optional drafter) that keeps its caches across turns."""
 
-    def __init__(self, model, tokenizer, draft=None, *, system: Optional[str] = None,
-                 thinking: Optional[bool] = None, settings: Optional[Settings] = None,
-                 reuse_cache: bool = True, raw: bool = False, names: Optional[dict] = None):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        draft=None,
+        *,
+        system: str | None = None,
+        thinking: bool | None = None,
+        settings: Settings | None = None,
+        reuse_cache: bool = True,
+        raw: bool = False,
+        names: dict | None = None,
+    ):
         from .generate import _wrap_tokenizer
 
         self.model, self.draft = model, draft
@@ -203,8 +219,10 @@ class ChatSession:
         self.messages: list[dict] = []
         self.turns: list[TurnStats] = []
         self.cache = make_prompt_cache(model, draft)
-        self._sent: Optional[tuple[str, list[int]]] = None  # (text, ids) of the last exchange
-        self._adaptive: Optional[AdaptiveBlockSize] = None
+        self._sent: tuple[str, list[int]] | None = (
+            None  # (text, ids) of the last exchange
+        )
+        self._adaptive: AdaptiveBlockSize | None = None
 
     # -- template -------------------------------------------------------------------------
     @property
@@ -220,31 +238,44 @@ class ChatSession:
         system = [{"role": "system", "content": self.system}] if self.system else []
         return system + [{"role": m["role"], "content": m["content"]} for m in messages]
 
-    def render_text(self, messages: Optional[list[dict]] = None) -> str:
+    def render_text(self, messages: list[dict] | None = None) -> str:
         """The prompt text for `messages` (default: the history) plus the assistant header."""
-        conversation = self._conversation(self.messages if messages is None else messages)
+        conversation = self._conversation(
+            self.messages if messages is None else messages
+        )
         if self.raw:
             return "\n\n".join(m["content"] for m in conversation)
         if not self.template:
-            return "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in conversation) \
+            return (
+                "".join(
+                    f"{m['role'].capitalize()}: {m['content']}\n\n"
+                    for m in conversation
+                )
                 + "Assistant:"
+            )
         kwargs = {}
         if self.thinking is not None and self.thinking_supported:
             kwargs["enable_thinking"] = self.thinking
-        return self.tokenizer.apply_chat_template(conversation, add_generation_prompt=True,
-                                                  tokenize=False, **kwargs)
+        return self.tokenizer.apply_chat_template(
+            conversation, add_generation_prompt=True, tokenize=False, **kwargs
+        )
 
-    def render(self, messages: Optional[list[dict]] = None) -> list[int]:
+    def render(self, messages: list[dict] | None = None) -> list[int]:
         return self.encode(self.render_text(messages))
 
     # -- state ------------------------------------------------------------------------------
     @property
     def mode(self) -> str:
-        return "dflash" if self.draft is not None and self.settings.draft_on \
-            and self.block_size != 1 else "plain"
+        return (
+            "dflash"
+            if self.draft is not None
+            and self.settings.draft_on
+            and self.block_size != 1
+            else "plain"
+        )
 
     @property
-    def block_size(self) -> Union[int, str]:
+    def block_size(self) -> int | str:
         """The verify block size, or "auto" (chosen per block from measured speed)."""
         if self.draft is None or not self.settings.draft_on:
             return 1
@@ -262,9 +293,13 @@ class ChatSession:
     def cached_tokens(self) -> int:
         return len(self.cache.tokens)
 
-    def baseline_tps(self) -> Optional[float]:
+    def baseline_tps(self) -> float | None:
         """Mean plain-decoding tok/s measured in this session (needs a few tokens)."""
-        plain = [t.generation_tps for t in self.turns if t.mode == "plain" and t.generation_tokens >= 8]
+        plain = [
+            t.generation_tps
+            for t in self.turns
+            if t.mode == "plain" and t.generation_tokens >= 8
+        ]
         return sum(plain) / len(plain) if plain else None
 
     def encode(self, prompt_text: str) -> list[int]:
@@ -272,8 +307,10 @@ class ChatSession:
         re-tokenized) when the template renders it verbatim, so the cache matches it."""
         special = not self.template or self.raw
         if self._sent and prompt_text.startswith(self._sent[0]):
-            rest = prompt_text[len(self._sent[0]):]
-            return self._sent[1] + (self.tokenizer.encode(rest, add_special_tokens=False) if rest else [])
+            rest = prompt_text[len(self._sent[0]) :]
+            return self._sent[1] + (
+                self.tokenizer.encode(rest, add_special_tokens=False) if rest else []
+            )
         return self.tokenizer.encode(prompt_text, add_special_tokens=special)
 
     def reset(self):
@@ -283,8 +320,11 @@ class ChatSession:
 
     def _cache_ok(self) -> bool:
         n = len(self.cache.tokens)
-        offsets = [c.offset for c in self.cache.target + (self.cache.draft or [])
-                   if isinstance(getattr(c, "offset", None), int)]
+        offsets = [
+            c.offset
+            for c in self.cache.target + (self.cache.draft or [])
+            if isinstance(getattr(c, "offset", None), int)
+        ]
         return all(o == n for o in offsets)
 
     # -- a turn -----------------------------------------------------------------------------
@@ -301,14 +341,22 @@ class ChatSession:
         if self.context:
             room = self.context - len(ids)
             if room <= 0:
-                raise ValueError(f"This prompt is {len(ids)} tokens but the model's context is "
-                                 f"{self.context}: /reset the conversation or send a shorter message.")
+                raise ValueError(
+                    f"This prompt is {len(ids)} tokens but the model's context is "
+                    f"{self.context}: /reset the conversation or send a shorter message."
+                )
             max_tokens = room if max_tokens < 0 else min(max_tokens, room)
         thinking = prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE)
         return self._run(user, prompt_text, ids, max_tokens, thinking)
 
-    def _run(self, user: dict, prompt_text: str, ids: list[int], max_tokens: int,
-             thinking: bool) -> Iterator[Chunk]:
+    def _run(
+        self,
+        user: dict,
+        prompt_text: str,
+        ids: list[int],
+        max_tokens: int,
+        thinking: bool,
+    ) -> Iterator[Chunk]:
         s = self.settings
         if not self.reuse_cache:
             self.cache = make_prompt_cache(self.model, self.draft)
@@ -318,10 +366,19 @@ class ChatSession:
         answer: list[str] = [THINK_OPEN + "\n"] if thinking else []
         generated: list[int] = []
         tic = time.perf_counter()
-        gen = stream_generate(self.model, self.draft, self.tokenizer, ids,
-                              block_size=self._block_policy(), max_tokens=max_tokens,
-                              temperature=s.temperature, top_p=s.top_p, top_k=s.top_k,
-                              min_p=s.min_p, prompt_cache=self.cache)
+        gen = stream_generate(
+            self.model,
+            self.draft,
+            self.tokenizer,
+            ids,
+            block_size=self._block_policy(),
+            max_tokens=max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            prompt_cache=self.cache,
+        )
         failed = False
         try:
             for r in gen:
@@ -346,8 +403,12 @@ class ChatSession:
             else:
                 content = "".join(answer)
                 self._finish(stats, content)
-                self._sent = (prompt_text + content[len(THINK_OPEN) + 1:] if thinking
-                              else prompt_text + content, ids + generated)
+                self._sent = (
+                    prompt_text + content[len(THINK_OPEN) + 1 :]
+                    if thinking
+                    else prompt_text + content,
+                    ids + generated,
+                )
 
     def _finish(self, stats: TurnStats, content: str):
         stats.elapsed = stats.elapsed or 0.0
@@ -382,36 +443,53 @@ class ChatSession:
         if name == "/temp":
             value = _number(arg, float, "/temp 0.7")
             if value < 0:
-                raise ValueError("Temperature must be >= 0: /temp 0 for greedy, /temp 0.7 to sample.")
+                raise ValueError(
+                    "Temperature must be >= 0: /temp 0 for greedy, /temp 0.7 to sample."
+                )
             s.temperature = value
-            return "info", f"Temperature {value:g}" + (" (greedy)." if value == 0 else ".")
+            return "info", f"Temperature {value:g}" + (
+                " (greedy)." if value == 0 else "."
+            )
         if name == "/block":
             if arg == "auto":
                 if self.draft is None:
-                    raise ValueError("No drafter loaded: restart with --draft to use blocks.")
+                    raise ValueError(
+                        "No drafter loaded: restart with --draft to use blocks."
+                    )
                 s.block_size = "auto"
                 return "info", "Block size chosen per block from measured speed (auto)."
             value = _number(arg, int, "/block 16")
             if value < 1:
-                raise ValueError("Block size must be >= 1: /block 16 (1 = plain decoding).")
+                raise ValueError(
+                    "Block size must be >= 1: /block 16 (1 = plain decoding)."
+                )
             if self.draft is None and value > 1:
-                raise ValueError("No drafter loaded: restart with --draft to use blocks > 1.")
+                raise ValueError(
+                    "No drafter loaded: restart with --draft to use blocks > 1."
+                )
             s.block_size = value
             return "info", f"Block size {value}."
         if name == "/max":
             value = _number(arg, int, "/max 512")
             if value == 0 or value < -1:
-                raise ValueError("Max tokens must be positive, or -1 for up to the context: /max 512")
+                raise ValueError(
+                    "Max tokens must be positive, or -1 for up to the context: /max 512"
+                )
             s.max_tokens = value
             return "info", f"Max tokens {value}."
         if name == "/draft":
             if arg not in ("on", "off"):
                 raise ValueError("Usage: /draft on  or  /draft off")
             if arg == "on" and self.draft is None:
-                raise ValueError("No drafter loaded: restart with --draft <drafter> to use it.")
+                raise ValueError(
+                    "No drafter loaded: restart with --draft <drafter> to use it."
+                )
             s.draft_on = arg == "on"
-            return "info", ("Speculative decoding on." if s.draft_on else
-                            "Plain decoding (the drafter's cache stays in sync for /draft on).")
+            return "info", (
+                "Speculative decoding on."
+                if s.draft_on
+                else "Plain decoding (the drafter's cache stays in sync for /draft on)."
+            )
         if name == "/color":
             if arg not in ("on", "off"):
                 raise ValueError("Usage: /color on  or  /color off")
@@ -429,7 +507,11 @@ class ChatSession:
         gen = sum(t.generation_tokens for t in self.turns)
         blocks = sum(t.blocks for t in self.turns if t.mode == "dflash")
         accepted = sum(t.accepted for t in self.turns if t.mode == "dflash")
-        dflash = [t.generation_tps for t in self.turns if t.mode == "dflash" and t.generation_tokens]
+        dflash = [
+            t.generation_tps
+            for t in self.turns
+            if t.mode == "dflash" and t.generation_tokens
+        ]
         return {
             "turns": len(self.turns),
             "generated_tokens": gen,
@@ -455,8 +537,12 @@ class ChatSession:
             if m["role"] == "assistant":
                 m["thinking"], m["answer"] = split_thinking(m["content"])
             messages.append(m)
-        return {"model": self.names.get("model"), "draft": self.names.get("draft"),
-                "settings": asdict(self.settings), "messages": messages}
+        return {
+            "model": self.names.get("model"),
+            "draft": self.names.get("draft"),
+            "settings": asdict(self.settings),
+            "messages": messages,
+        }
 
     def save(self, path) -> Path:
         path = Path(path).expanduser()
@@ -468,7 +554,9 @@ class ChatSession:
             else:
                 path.write_text(_markdown(data))
         except OSError as e:
-            raise ValueError(f"Cannot write {path} ({e.strerror}): choose another path.") from e
+            raise ValueError(
+                f"Cannot write {path} ({e.strerror}): choose another path."
+            ) from e
         return path
 
 
@@ -489,14 +577,25 @@ def _markdown(data: dict) -> str:
             lines += [m["content"], ""]
             continue
         if m["thinking"]:
-            lines += ["<details><summary>Thinking</summary>", "", m["thinking"], "", "</details>", ""]
+            lines += [
+                "<details><summary>Thinking</summary>",
+                "",
+                m["thinking"],
+                "",
+                "</details>",
+                "",
+            ]
         lines += [m["answer"], ""]
         if m.get("interrupted"):
             lines += ["*[interrupted]*", ""]
         st = m.get("stats") or {}
         if st.get("generation_tokens"):
             tau = st["accepted"] / st["blocks"] if st.get("blocks") else None
-            lines += [f"<sub>{st['generation_tokens']} tokens, {st['generation_tps']:.1f} tok/s, "
-                      f"{st['mode']}" + (f", τ {tau:.2f}" if tau and st["mode"] == "dflash" else "")
-                      + "</sub>", ""]
+            lines += [
+                f"<sub>{st['generation_tokens']} tokens, {st['generation_tps']:.1f} tok/s, "
+                f"{st['mode']}"
+                + (f", τ {tau:.2f}" if tau and st["mode"] == "dflash" else "")
+                + "</sub>",
+                "",
+            ]
     return "\n".join(lines)

@@ -10,7 +10,6 @@ Rotary embeddings take one table per forward (`rope_table`) instead of MLX's per
 """
 
 from functools import cache
-from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -83,10 +82,14 @@ def rope_table(dims: int, base: float, scale: float, offset: int, length: int):
     half = dims // 2
     log_step = np.float32(np.log(np.float32(base))) / np.float32(half)
     inv_freq = mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * mx.array(log_step))
-    positions = (mx.arange(length, dtype=mx.float32) + offset) * mx.array(scale, mx.float32)
+    positions = (mx.arange(length, dtype=mx.float32) + offset) * mx.array(
+        scale, mx.float32
+    )
     angles = positions[:, None] * inv_freq
     cos, sin = mx.cos(angles), mx.sin(angles)
-    return mx.concatenate([cos, cos], -1)[:, None], mx.concatenate([-sin, sin], -1)[:, None]
+    return mx.concatenate([cos, cos], -1)[:, None], mx.concatenate([-sin, sin], -1)[
+        :, None
+    ]
 
 
 def rope(x: mx.array, table) -> mx.array:
@@ -107,13 +110,15 @@ def softmax(x: mx.array, axis: int = -1) -> mx.array:
 MAX_QUERY_ROWS = 64  # verify-sized blocks; longer prefill chunks use MLX's kernel
 
 
-def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
-              mask: Optional[mx.array] = None) -> mx.array:
+def attention(
+    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None = None
+) -> mx.array:
     """Scaled dot-product attention of (B, H, T, D) queries over (B, Hkv, S, D) keys and
     values; `mask` as for `mx.fast.scaled_dot_product_attention`. Ours takes None or a
     boolean (T, S) mask (True = may attend) and hands anything else to MLX's kernel."""
-    own_mask = mask is None or (isinstance(mask, mx.array) and mask.ndim == 2
-                                and mask.dtype == mx.bool_)
+    own_mask = mask is None or (
+        isinstance(mask, mx.array) and mask.ndim == 2 and mask.dtype == mx.bool_
+    )
     if not enabled() or not 4 <= q.shape[2] <= MAX_QUERY_ROWS or not own_mask:
         # Up to 3 query rows MLX's own kernel is as cheap (measured); prefill chunks keep
         # it too, as ours holds several score-sized arrays at once.
@@ -126,6 +131,10 @@ def attention(q: mx.array, k: mx.array, v: mx.array, scale: float,
     if mask is not None:
         scores = mx.where(mask, scores.reshape(B, Hkv, groups, T, S), -mx.inf)
         scores = scores.reshape(B, Hkv, groups * T, S)
-    weights = _scaled_exp(scores, scores.max(axis=-1, keepdims=True), mx.array(scale, mx.float32))
-    out = (weights.astype(v.dtype) @ v) / weights.sum(axis=-1, keepdims=True).astype(v.dtype)
+    weights = _scaled_exp(
+        scores, scores.max(axis=-1, keepdims=True), mx.array(scale, mx.float32)
+    )
+    out = (weights.astype(v.dtype) @ v) / weights.sum(axis=-1, keepdims=True).astype(
+        v.dtype
+    )
     return out.reshape(B, H, T, D)

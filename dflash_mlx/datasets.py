@@ -7,9 +7,9 @@ and samples are drawn the same way (a `random.Random(seed)` shuffle, then the fi
 import gzip
 import json
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Optional, Union
 
 DATA_DIR = Path(__file__).parent / "data"
 _REASON = "\nPlease reason step by step, and put your final answer within \\boxed{}."
@@ -22,7 +22,7 @@ class Sample:
     dataset: str
     id: str
     turns: tuple[str, ...]
-    answer: Optional[str] = None  # the reference answer where the set has one
+    answer: str | None = None  # the reference answer where the set has one
 
 
 @dataclass(frozen=True)
@@ -30,21 +30,36 @@ class _Spec:
     file: str
     id_key: str
     turns: Callable[[dict], list[str]]
-    answer_key: Optional[str] = None
+    answer_key: str | None = None
     keep: Callable[[dict], bool] = lambda row: True
 
 
 BUNDLED = {
-    "gsm8k": _Spec("gsm8k_test.jsonl.gz", "", lambda r: [r["question"] + _REASON], "answer"),
-    "math500": _Spec("math500_test.jsonl.gz", "unique_id", lambda r: [r["problem"] + _REASON],
-                     "answer"),
+    "gsm8k": _Spec(
+        "gsm8k_test.jsonl.gz", "", lambda r: [r["question"] + _REASON], "answer"
+    ),
+    "math500": _Spec(
+        "math500_test.jsonl.gz",
+        "unique_id",
+        lambda r: [r["problem"] + _REASON],
+        "answer",
+    ),
     "humaneval": _Spec(
-        "humaneval.jsonl.gz", "task_id",
-        lambda r: ["Write a solution to the following problem and make sure that it passes the "
-                   f"tests:\n```python\n{r['prompt']}\n```"],
-        "canonical_solution"),
-    "mbpp": _Spec("mbpp_sanitized.jsonl.gz", "task_id", lambda r: [r["prompt"]], "code",
-                  keep=lambda r: 11 <= int(r["task_id"]) <= 510),
+        "humaneval.jsonl.gz",
+        "task_id",
+        lambda r: [
+            "Write a solution to the following problem and make sure that it passes the "
+            f"tests:\n```python\n{r['prompt']}\n```"
+        ],
+        "canonical_solution",
+    ),
+    "mbpp": _Spec(
+        "mbpp_sanitized.jsonl.gz",
+        "task_id",
+        lambda r: [r["prompt"]],
+        "code",
+        keep=lambda r: 11 <= int(r["task_id"]) <= 510,
+    ),
     "mt-bench": _Spec("mt_bench.jsonl.gz", "question_id", lambda r: list(r["turns"])),
 }
 DATASETS = tuple(BUNDLED)
@@ -80,16 +95,20 @@ def _custom_turns(row, where: str) -> list[str]:
             turns = None
         if turns and all(isinstance(t, str) and t for t in turns):
             return turns
-    raise ValueError(f"{where}: each line must be a JSON string, {{\"prompt\": \"...\"}} or "
-                     "{\"turns\": [\"first user turn\", \"second user turn\"]}.")
+    raise ValueError(
+        f'{where}: each line must be a JSON string, {{"prompt": "..."}} or '
+        '{"turns": ["first user turn", "second user turn"]}.'
+    )
 
 
-def load_jsonl(path: Union[str, Path]) -> list[Sample]:
+def load_jsonl(path: str | Path) -> list[Sample]:
     """A custom prompt file: one JSON value per line, a string, `prompt` or `turns`."""
     path = Path(path).expanduser()
     if not path.is_file():
-        raise ValueError(f"Prompt file '{path}' does not exist. Pass one of "
-                         f"{', '.join(DATASETS)}, 'all', or a .jsonl file of prompts.")
+        raise ValueError(
+            f"Prompt file '{path}' does not exist. Pass one of "
+            f"{', '.join(DATASETS)}, 'all', or a .jsonl file of prompts."
+        )
     opener = gzip.open if path.suffix == ".gz" else open
     samples = []
     with opener(path, "rt", encoding="utf-8") as f:
@@ -103,13 +122,17 @@ def load_jsonl(path: Union[str, Path]) -> list[Sample]:
                 raise ValueError(f"{where} is not valid JSON ({e}).") from e
             sid = str(row.get("id", n)) if isinstance(row, dict) else str(n)
             answer = row.get("answer") if isinstance(row, dict) else None
-            samples.append(Sample(path.stem, sid, tuple(_custom_turns(row, where)), answer))
+            samples.append(
+                Sample(path.stem, sid, tuple(_custom_turns(row, where)), answer)
+            )
     if not samples:
         raise ValueError(f"Prompt file '{path}' has no prompts.")
     return samples
 
 
-def select(samples: list[Sample], max_samples: Optional[int], seed: int = 42) -> list[Sample]:
+def select(
+    samples: list[Sample], max_samples: int | None, seed: int = 42
+) -> list[Sample]:
     """The reference benchmark's draw: shuffle indices with `seed`, keep the first N."""
     order = list(range(len(samples)))
     random.Random(seed).shuffle(order)
@@ -125,17 +148,27 @@ def resolve(spec: str) -> list[str]:
             continue
         if part == "all":
             out.extend(DATASETS)
-        elif part in BUNDLED or part.endswith((".jsonl", ".jsonl.gz")) or Path(part).expanduser().is_file():
+        elif (
+            part in BUNDLED
+            or part.endswith((".jsonl", ".jsonl.gz"))
+            or Path(part).expanduser().is_file()
+        ):
             out.append(part)
         else:
-            raise ValueError(f"Unknown dataset '{part}'. Choose from {', '.join(DATASETS)}, "
-                             "'all', or give a path to a .jsonl file of prompts.")
+            raise ValueError(
+                f"Unknown dataset '{part}'. Choose from {', '.join(DATASETS)}, "
+                "'all', or give a path to a .jsonl file of prompts."
+            )
     if not out:
-        raise ValueError("No dataset given: pass --dataset gsm8k (or all, or a .jsonl file).")
+        raise ValueError(
+            "No dataset given: pass --dataset gsm8k (or all, or a .jsonl file)."
+        )
     return list(dict.fromkeys(out))
 
 
-def load_dataset(name: str, max_samples: Optional[int] = None, seed: int = 42) -> list[Sample]:
+def load_dataset(
+    name: str, max_samples: int | None = None, seed: int = 42
+) -> list[Sample]:
     """Samples of a bundled set (by name) or of a custom JSONL file (by path)."""
     samples = bundled(name) if name in BUNDLED else load_jsonl(name)
     return select(samples, max_samples, seed)

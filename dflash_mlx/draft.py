@@ -7,7 +7,7 @@ is then drafted in one forward whose own keys/values are dropped afterwards.
 """
 
 from dataclasses import dataclass, field, fields
-from typing import Any, Optional
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -21,12 +21,16 @@ ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel")
 LAYER_TYPES = ("full_attention", "sliding_attention")
 
 
-def default_target_layer_ids(num_target_layers: int, num_draft_layers: int) -> list[int]:
+def default_target_layer_ids(
+    num_target_layers: int, num_draft_layers: int
+) -> list[int]:
     """Layer ids used when a config names none (the DFlash convention)."""
     if num_draft_layers == 1:
         return [num_target_layers // 2]
     span = num_target_layers - 4
-    return [round(1 + k * span / (num_draft_layers - 1)) for k in range(num_draft_layers)]
+    return [
+        round(1 + k * span / (num_draft_layers - 1)) for k in range(num_draft_layers)
+    ]
 
 
 @dataclass
@@ -40,16 +44,16 @@ class ModelArgs:
     num_target_layers: int
     target_layer_ids: list[int]
     mask_token_id: int
-    head_dim: Optional[int] = None
+    head_dim: int | None = None
     rms_norm_eps: float = 1e-6
     rope_theta: float = 1_000_000.0
-    rope_scaling: Optional[dict[str, Any]] = None
+    rope_scaling: dict[str, Any] | None = None
     max_position_embeddings: int = 40960
     block_size: int = 16
     layer_types: list[str] = field(default_factory=list)
-    sliding_window: Optional[int] = None
-    is_causal: Optional[bool] = None
-    final_logit_softcapping: Optional[float] = None
+    sliding_window: int | None = None
+    is_causal: bool | None = None
+    final_logit_softcapping: float | None = None
     input_embedding_scale: float = 1.0
     output_multiplier: float = 1.0
     architecture: str = "DFlashDraftModel"
@@ -88,16 +92,34 @@ class ModelArgs:
 
     def to_config(self) -> dict:
         """The z-lab config.json form of these arguments."""
-        keys = ("target_layer_ids", "mask_token_id", "final_logit_softcapping",
-                "input_embedding_scale", "output_multiplier", "conv_kernel_size",
-                "conv_group_size", "selector_rank", "selector_top_k", "draft_vocab_size")
-        dflash = {k: getattr(self, k) for k in keys if getattr(self, k) not in (None, 0)}
+        keys = (
+            "target_layer_ids",
+            "mask_token_id",
+            "final_logit_softcapping",
+            "input_embedding_scale",
+            "output_multiplier",
+            "conv_kernel_size",
+            "conv_group_size",
+            "selector_rank",
+            "selector_top_k",
+            "draft_vocab_size",
+        )
+        dflash = {
+            k: getattr(self, k) for k in keys if getattr(self, k) not in (None, 0)
+        }
         dflash["block_size"] = self.block_size
-        top = {f.name: getattr(self, f.name) for f in fields(self)
-               if f.name not in keys and f.name != "architecture"}
+        top = {
+            f.name: getattr(self, f.name)
+            for f in fields(self)
+            if f.name not in keys and f.name != "architecture"
+        }
         top = {k: v for k, v in top.items() if v is not None}
-        return {"architectures": [self.architecture], "model_type": "dflash",
-                **top, "dflash_config": dflash}
+        return {
+            "architectures": [self.architecture],
+            "model_type": "dflash",
+            **top,
+            "dflash_config": dflash,
+        }
 
 
 class WindowedKVCache:
@@ -118,7 +140,9 @@ class WindowedKVCache:
             self.keys, self.values = keys, values
         else:
             self.keys = mx.concatenate([self.keys[..., : self._size, :], keys], axis=2)
-            self.values = mx.concatenate([self.values[..., : self._size, :], values], axis=2)
+            self.values = mx.concatenate(
+                [self.values[..., : self._size, :], values], axis=2
+            )
         self._size += keys.shape[2]
         self.offset += keys.shape[2]
         return self.keys, self.values
@@ -201,7 +225,9 @@ class Attention(nn.Module):
         q = self.rope(q.transpose(0, 2, 1, 3), offset=offset)
         keys, values = cache.update_and_fetch(*self._keys_values(x, offset))
         if self.training:  # cpu_ops has no gradients
-            out = mx.fast.scaled_dot_product_attention(q, keys, values, scale=self.scale, mask=mask)
+            out = mx.fast.scaled_dot_product_attention(
+                q, keys, values, scale=self.scale, mask=mask
+            )
         else:
             out = cpu_ops.attention(q, keys, values, self.scale, mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
@@ -214,14 +240,16 @@ class DecoderLayer(nn.Module):
         self.self_attn = Attention(args)
         self.mlp = MLP(args.hidden_size, args.intermediate_size)
         self.input_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
-        self.post_attention_layernorm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.post_attention_layernorm = nn.RMSNorm(
+            args.hidden_size, eps=args.rms_norm_eps
+        )
 
     def __call__(self, x, mask, cache):
         h = x + self.self_attn(self.input_layernorm(x), mask, cache)
         return h + self.mlp(self.post_attention_layernorm(h))
 
 
-def block_mask(block_len: int, context_len: int, window: Optional[int], causal: bool):
+def block_mask(block_len: int, context_len: int, window: int | None, causal: bool):
     """Mask of block queries over [context; block] keys, or None when all keys are visible."""
     if window is None and not causal:
         return None
@@ -247,7 +275,7 @@ class Model(nn.Module):
         self.hidden_norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.layers = [self.layer_class(args, t) for t in args.layer_types]
         self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
-        self.context_window: Optional[int] = None  # bound on absorbed context, if any
+        self.context_window: int | None = None  # bound on absorbed context, if any
         if args.draft_vocab_size:
             # Token ids the head scores (see draft_head.py); loaded with the weights, never trained.
             self.draft_vocab = mx.arange(args.draft_vocab_size, dtype=mx.int32)
@@ -258,7 +286,7 @@ class Model(nn.Module):
         """Activation dtype: that of the (never quantized) norm weights."""
         return self.norm.weight.dtype
 
-    def make_cache(self, context_window: Optional[int] = None) -> list:
+    def make_cache(self, context_window: int | None = None) -> list:
         """Per-layer context caches; sliding layers keep only what their window sees.
 
         `context_window` bounds every layer's context (drafts only, output stays exact).
@@ -320,5 +348,8 @@ class Model(nn.Module):
 
     def sanitize(self, weights: dict) -> dict:
         # Drafter checkpoints never carry their own embedding or head.
-        return {k: v for k, v in weights.items()
-                if not k.startswith(("embed_tokens.", "lm_head."))}
+        return {
+            k: v
+            for k, v in weights.items()
+            if not k.startswith(("embed_tokens.", "lm_head."))
+        }

@@ -8,8 +8,8 @@ probability is 0), which the verifier's greedy and rejection rules already handl
 """
 
 from collections import Counter
+from collections.abc import Iterable
 from functools import cached_property
-from typing import Iterable, Optional
 
 import mlx.core as mx
 import numpy as np
@@ -18,7 +18,7 @@ import numpy as np
 class DraftHead:
     """Head logits for drafted positions, and the way back to target token ids."""
 
-    def __init__(self, target, vocab: Optional[mx.array] = None):
+    def __init__(self, target, vocab: mx.array | None = None):
         self.target = target
         self.vocab = vocab
         self.vocab_size = target.vocab_size
@@ -35,7 +35,7 @@ class DraftHead:
         return self.target.softcapped(hidden @ self.rows.T)
 
     @cached_property
-    def index(self) -> Optional[np.ndarray]:
+    def index(self) -> np.ndarray | None:
         """Target id → draft index (−1 outside), for training labels; None without a vocab."""
         if self.vocab is None:
             return None
@@ -43,15 +43,16 @@ class DraftHead:
         table[np.array(self.vocab.tolist())] = np.arange(self.vocab.size)
         return table
 
-    def to_target(self, tokens: mx.array, q: Optional[mx.array]):
+    def to_target(self, tokens: mx.array, q: mx.array | None):
         """Proposals and their distribution (L, V_draft) as target ids and (L, V) rows."""
         if self.vocab is None:
             return tokens, q
         tokens = self.vocab[tokens]
         if q is not None:
             index = mx.broadcast_to(self.vocab, q.shape)
-            q = mx.put_along_axis(mx.zeros((q.shape[0], self.vocab_size), q.dtype), index, q,
-                                  axis=-1)
+            q = mx.put_along_axis(
+                mx.zeros((q.shape[0], self.vocab_size), q.dtype), index, q, axis=-1
+            )
         return tokens, q
 
 
@@ -59,12 +60,20 @@ def head_rows(target, ids: mx.array) -> mx.array:
     """Rows `ids` of the target's LM head (or tied embedding) as a dense weight."""
     head = getattr(target.lm, "lm_head", None) or target.embed_tokens
     if "bias" in head:
-        raise ValueError("A draft vocabulary needs a bias-free LM head; train without --draft-vocab.")
+        raise ValueError(
+            "A draft vocabulary needs a bias-free LM head; train without --draft-vocab."
+        )
     w = head.weight[ids]
     if "scales" in head:
         biases = head.biases[ids] if "biases" in head else None
-        w = mx.dequantize(w, head.scales[ids], biases, group_size=head.group_size,
-                          bits=head.bits, mode=getattr(head, "mode", "affine"))
+        w = mx.dequantize(
+            w,
+            head.scales[ids],
+            biases,
+            group_size=head.group_size,
+            bits=head.bits,
+            mode=getattr(head, "mode", "affine"),
+        )
     return w.astype(target.dtype)
 
 
@@ -84,5 +93,7 @@ def select_draft_vocab(responses: Iterable, prompts: Iterable, size: int) -> lis
     chosen = [t for t, _ in said.most_common(size)]
     if len(chosen) < size:
         have = set(chosen)
-        chosen += [t for t, _ in seen.most_common() if t not in have][: size - len(chosen)]
+        chosen += [t for t, _ in seen.most_common() if t not in have][
+            : size - len(chosen)
+        ]
     return sorted(chosen)

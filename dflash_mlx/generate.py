@@ -8,8 +8,9 @@ policy with a `cut` (block_size="auto") syncs the drafts first to verify only a 
 """
 
 import time
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Callable, Iterator, Optional, Sequence, Union
+from typing import Union
 
 import mlx.core as mx
 
@@ -39,7 +40,9 @@ def _as_target(model, draft) -> Target:
     return Target(model, ids)
 
 
-def _prefill(target: Target, draft, cache: PromptCache, ids: list[int], step: int) -> mx.array:
+def _prefill(
+    target: Target, draft, cache: PromptCache, ids: list[int], step: int
+) -> mx.array:
     """Feed `ids` through the target (and their features to the drafter); last logits."""
     if step <= 0:
         raise ValueError(f"prefill_step_size must be positive, got {step}.")
@@ -55,8 +58,14 @@ def _prefill(target: Target, draft, cache: PromptCache, ids: list[int], step: in
     return target.logits(hidden[:, -1])[0]
 
 
-def _draft(target: Target, draft, head: DraftHead, cache: PromptCache, block: mx.array,
-           params: SamplingParams):
+def _draft(
+    target: Target,
+    draft,
+    head: DraftHead,
+    cache: PromptCache,
+    block: mx.array,
+    params: SamplingParams,
+):
     """One drafter forward over [last, MASK...]: proposals (B-1,), their q (or None when
     greedy), and the drafter's confidence per position (lazy).
 
@@ -83,15 +92,26 @@ class _Step:
     on the drafter alone, so greedy and sampled output stay exact.
     """
 
-    def __init__(self, target: Target, draft, head: Optional[DraftHead], cache: PromptCache,
-                 last: int, size: int, params: SamplingParams, mask_id: int,
-                 cut: Optional[Callable[[list], int]] = None):
+    def __init__(
+        self,
+        target: Target,
+        draft,
+        head: DraftHead | None,
+        cache: PromptCache,
+        last: int,
+        size: int,
+        params: SamplingParams,
+        mask_id: int,
+        cut: Callable[[list], int] | None = None,
+    ):
         self.drafted = size
         self.tape = [] if target.recurrent else None
         block = mx.array([[last] + [mask_id] * (size - 1)])
         drafts = draft_probs = None
         if size > 1:
-            drafts, draft_probs, confidence = _draft(target, draft, head, cache, block, params)
+            drafts, draft_probs, confidence = _draft(
+                target, draft, head, cache, block, params
+            )
             if cut is not None:
                 mx.eval(drafts, confidence, draft_probs)
                 keep = cut(confidence.tolist())
@@ -99,7 +119,9 @@ class _Step:
                 draft_probs = None if draft_probs is None else draft_probs[:keep]
         self.verify_start = time.perf_counter()
         if drafts is not None and drafts.shape[0] > 0:
-            verify_ids = mx.concatenate([block[0, :1], drafts.astype(block.dtype)])[None]
+            verify_ids = mx.concatenate([block[0, :1], drafts.astype(block.dtype)])[
+                None
+            ]
         else:
             drafts, verify_ids = None, block[:, :1]
         self.size = verify_ids.shape[1]  # tokens the target verifies
@@ -110,7 +132,9 @@ class _Step:
         elif params.greedy:
             n_accepted, emitted = accept_greedy(drafts, logits)
         else:
-            n_accepted, emitted = accept_sampled(drafts, draft_probs, params.probs(logits))
+            n_accepted, emitted = accept_sampled(
+                drafts, draft_probs, params.probs(logits)
+            )
         self.result = mx.concatenate([n_accepted[None].astype(emitted.dtype), emitted])
         mx.async_eval(self.result)
 
@@ -130,7 +154,7 @@ def generate_blocks(
     max_tokens: int,
     stop_tokens: frozenset = frozenset(),
     prefill_step_size: int = 2048,
-    stream: Optional[mx.Stream] = None,
+    stream: mx.Stream | None = None,
 ) -> Iterator[Block]:
     """Yield committed blocks of token ids; the first block is the prefill's token.
 
@@ -159,17 +183,33 @@ def generate_blocks(
             if not done:
                 with mx.stream(stream):
                     size = policy.next(limit=int(min(budget - n, 1 << 30)))
-                    step = _Step(target, draft, head, cache, last, size, params, mask_id,
-                                 cut_drafts)
+                    step = _Step(
+                        target,
+                        draft,
+                        head,
+                        cache,
+                        last,
+                        size,
+                        params,
+                        mask_id,
+                        cut_drafts,
+                    )
             yield pending
             if step is None:
                 return
             n_accepted, tokens = step.resolve()
             now = time.perf_counter()
-            policy.observe(step.drafted, n_accepted, now - clock, verified=step.size,
-                           verify_seconds=now - max(step.verify_start, clock))
+            policy.observe(
+                step.drafted,
+                n_accepted,
+                now - clock,
+                verified=step.size,
+                verify_seconds=now - max(step.verify_start, clock),
+            )
             clock = now
-            cut = next((i + 1 for i, t in enumerate(tokens) if t in stop_tokens), len(tokens))
+            cut = next(
+                (i + 1 for i, t in enumerate(tokens) if t in stop_tokens), len(tokens)
+            )
             tokens = tokens[: int(min(cut, budget - n))]
             with mx.stream(stream):
                 if draft is not None:
@@ -194,19 +234,19 @@ class GenerationResponse:
 
     text: str
     tokens: list[int]
-    accepted: Optional[int]  # tokens this block committed (acceptance length), None for the first
+    accepted: int | None  # tokens this block committed (acceptance length), None for the first
     prompt_tokens: int
     prompt_tps: float
     generation_tokens: int
     generation_tps: float
     peak_memory: float  # GB
-    finish_reason: Optional[str] = None
+    finish_reason: str | None = None
     from_draft: int = 0  # leading tokens of `tokens` that were drafted
     block_size: int = 1  # tokens the target verified for this block
     reused_tokens: int = 0  # prompt tokens served from the prompt cache
 
     @property
-    def token(self) -> Optional[int]:
+    def token(self) -> int | None:
         return self.tokens[-1] if self.tokens else None
 
 
@@ -220,22 +260,30 @@ def _block_policy(block_size, draft):
     if hasattr(block_size, "next") and hasattr(block_size, "observe"):
         return block_size  # a policy: AdaptiveBlockSize, FixedBlockSize or your own
     if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(f"block_size must be a positive int or 'auto', got {block_size!r}.")
+        raise ValueError(
+            f"block_size must be a positive int or 'auto', got {block_size!r}."
+        )
     return FixedBlockSize(block_size)
 
 
 def _wrap_tokenizer(tokenizer):
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
-    return tokenizer if isinstance(tokenizer, TokenizerWrapper) else TokenizerWrapper(tokenizer)
+    return (
+        tokenizer
+        if isinstance(tokenizer, TokenizerWrapper)
+        else TokenizerWrapper(tokenizer)
+    )
 
 
-def encode_prompt(tokenizer, prompt: Union[str, list, mx.array]) -> list[int]:
+def encode_prompt(tokenizer, prompt: str | list | mx.array) -> list[int]:
     if isinstance(prompt, mx.array):
         return prompt.reshape(-1).tolist()
     if isinstance(prompt, str):
         bos = tokenizer.bos_token
-        return tokenizer.encode(prompt, add_special_tokens=bos is None or not prompt.startswith(bos))
+        return tokenizer.encode(
+            prompt, add_special_tokens=bos is None or not prompt.startswith(bos)
+        )
     return [int(t) for t in prompt]
 
 
@@ -243,8 +291,8 @@ def stream_generate(
     model,
     draft,
     tokenizer,
-    prompt: Union[str, list[int], mx.array],
-    block_size: Union[int, str, None] = None,
+    prompt: str | list[int] | mx.array,
+    block_size: int | str | None = None,
     max_tokens: int = 256,
     temperature: float = 0.0,
     top_p: float = 1.0,
@@ -252,7 +300,7 @@ def stream_generate(
     prefill_step_size: int = 2048,
     *,
     min_p: float = 0.0,
-    prompt_cache: Optional[PromptCache] = None,
+    prompt_cache: PromptCache | None = None,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, yielding one response per verified block.
 
@@ -279,14 +327,26 @@ def stream_generate(
     if prompt_cache is None:
         prompt_cache = PromptCache(target, draft)
     elif not prompt_cache.fits(target, draft):
-        raise ValueError("This prompt_cache belongs to another model/drafter pair: make a new one.")
+        raise ValueError(
+            "This prompt_cache belongs to another model/drafter pair: make a new one."
+        )
     detokenizer = tokenizer.detokenizer
     stop = frozenset(tokenizer.eos_token_ids)
 
     with wired_limit(target.model, [generation_stream]):
         tic = time.perf_counter()
-        blocks = generate_blocks(target, draft, ids, prompt_cache, params, policy,
-                                 max_tokens, stop, prefill_step_size, generation_stream)
+        blocks = generate_blocks(
+            target,
+            draft,
+            ids,
+            prompt_cache,
+            params,
+            policy,
+            max_tokens,
+            stop,
+            prefill_step_size,
+            generation_stream,
+        )
         try:
             yield from _responses(blocks, ids, max_tokens, detokenizer, tic)
         finally:

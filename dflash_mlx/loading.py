@@ -3,7 +3,6 @@
 import json
 import os
 from pathlib import Path
-from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -12,7 +11,15 @@ from mlx.utils import tree_flatten
 from . import draft as draft_module
 from .target import SUPPORTED_MODEL_TYPES, Target
 
-TARGET_FILES = ["*.json", "*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt", "*.jinja"]
+TARGET_FILES = [
+    "*.json",
+    "*.safetensors",
+    "*.py",
+    "tokenizer.model",
+    "*.tiktoken",
+    "*.txt",
+    "*.jinja",
+]
 DRAFT_FILES = ["*.json", "*.safetensors"]
 
 
@@ -21,7 +28,9 @@ def resolve_path(path_or_repo: str, patterns: list[str], what: str = "model") ->
     path = Path(path_or_repo).expanduser()
     if path.exists():
         if not path.is_dir():
-            raise ValueError(f"{what} path '{path}' is a file; pass the folder that holds config.json.")
+            raise ValueError(
+                f"{what} path '{path}' is a file; pass the folder that holds config.json."
+            )
         return path
     if path_or_repo.startswith((".", "/", "~")) or path_or_repo.count("/") != 1:
         raise ValueError(
@@ -48,8 +57,17 @@ def resolve_path(path_or_repo: str, patterns: list[str], what: str = "model") ->
             "(and `hf auth login` for private repos)."
         ) from e
     except (LocalEntryNotFoundError, OSError) as e:
-        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
-        why = "HF_HUB_OFFLINE is set" if offline else "the Hugging Face Hub cannot be reached"
+        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in (
+            "",
+            "0",
+            "false",
+            "False",
+        )
+        why = (
+            "HF_HUB_OFFLINE is set"
+            if offline
+            else "the Hugging Face Hub cannot be reached"
+        )
         raise ValueError(
             f"{what} '{path_or_repo}' is not in the local Hugging Face cache and {why}. "
             f"Download it once with network access (`hf download {path_or_repo}`), "
@@ -60,28 +78,36 @@ def resolve_path(path_or_repo: str, patterns: list[str], what: str = "model") ->
 def _read_config(path: Path, what: str) -> dict:
     file = path / "config.json"
     if not file.exists():
-        raise ValueError(f"{what} folder '{path}' has no config.json: is this the right folder?")
+        raise ValueError(
+            f"{what} folder '{path}' has no config.json: is this the right folder?"
+        )
     try:
         return json.loads(file.read_text())
     except json.JSONDecodeError as e:
-        raise ValueError(f"{what} config '{file}' is not valid JSON ({e}); re-download it.") from e
+        raise ValueError(
+            f"{what} config '{file}' is not valid JSON ({e}); re-download it."
+        ) from e
 
 
 def _read_weights(path: Path, what: str) -> dict:
     files = sorted(path.glob("*.safetensors"))
     if not files:
-        raise ValueError(f"{what} folder '{path}' has no *.safetensors weights; re-download it.")
+        raise ValueError(
+            f"{what} folder '{path}' has no *.safetensors weights; re-download it."
+        )
     weights = {}
     for f in files:
         try:
             weights.update(mx.load(str(f)))
         except Exception as e:
-            raise ValueError(f"{what} weights '{f}' cannot be read ({e}); the file is corrupt "
-                             "or incomplete: delete it and download again.") from e
+            raise ValueError(
+                f"{what} weights '{f}' cannot be read ({e}); the file is corrupt "
+                "or incomplete: delete it and download again."
+            ) from e
     return weights
 
 
-def load(path_or_repo: Optional[str] = None, **kwargs):
+def load(path_or_repo: str | None = None, **kwargs):
     """Load a target (model, tokenizer): a Hub id, a local folder, a .gguf file, or
     (with no argument) the built-in default target."""
     from mlx_lm.utils import load as mlx_lm_load
@@ -94,7 +120,9 @@ def load(path_or_repo: Optional[str] = None, **kwargs):
         from .gguf import load_gguf
 
         if not Path(path_or_repo).expanduser().is_file():
-            raise ValueError(f"GGUF file '{path_or_repo}' does not exist; check the path.")
+            raise ValueError(
+                f"GGUF file '{path_or_repo}' does not exist; check the path."
+            )
         # MLX's CPU quantized matmul is slow; dequantized float32 uses the fast BLAS.
         kwargs.setdefault("dequantize", mx.default_device() == mx.cpu)
         model, tokenizer = load_gguf(str(Path(path_or_repo).expanduser()), **kwargs)
@@ -112,18 +140,20 @@ def load(path_or_repo: Optional[str] = None, **kwargs):
     try:
         model, tokenizer = mlx_lm_load(str(path), **kwargs)
     except FileNotFoundError as e:
-        raise ValueError(f"Target '{path_or_repo}' is incomplete ({e}); download it again.") from e
+        raise ValueError(
+            f"Target '{path_or_repo}' is incomplete ({e}); download it again."
+        ) from e
     model.name_or_path = str(path_or_repo)
     return model, tokenizer
 
 
 def load_draft(
-    path_or_repo: Optional[str] = None,
+    path_or_repo: str | None = None,
     target=None,
     *,
-    bits: Optional[int] = None,
+    bits: int | None = None,
     group_size: int = 64,
-    sliding_window_size: Optional[int] = None,
+    sliding_window_size: int | None = None,
 ) -> draft_module.Model:
     """Load a DFlash drafter (z-lab format; with no argument, the built-in default's).
 
@@ -135,7 +165,9 @@ def load_draft(
 
         path_or_repo = default_draft()
         if path_or_repo is None:
-            raise ValueError("The built-in default target has no drafter yet: pass a drafter path.")
+            raise ValueError(
+                "The built-in default target has no drafter yet: pass a drafter path."
+            )
     if bits not in (None, 2, 3, 4, 5, 6, 8):
         raise ValueError(f"bits must be one of 2, 3, 4, 5, 6, 8 (or None), got {bits}.")
     what = f"Drafter '{path_or_repo}'"
@@ -143,38 +175,62 @@ def load_draft(
     config = _read_config(path, what)
     arch = (config.get("architectures") or ["DFlashDraftModel"])[0]
     if arch not in draft_module.ARCHITECTURES:
-        raise ValueError(f"{what} has architecture '{arch}'; supported drafters: "
-                         f"{', '.join(draft_module.ARCHITECTURES)}.")
+        raise ValueError(
+            f"{what} has architecture '{arch}'; supported drafters: "
+            f"{', '.join(draft_module.ARCHITECTURES)}."
+        )
     try:
         args = draft_module.ModelArgs.from_config(config)
     except TypeError as e:
-        raise ValueError(f"{what} config.json lacks required fields ({e}); is it a DFlash drafter?") from e
+        raise ValueError(
+            f"{what} config.json lacks required fields ({e}); is it a DFlash drafter?"
+        ) from e
     unknown = set(args.layer_types) - set(draft_module.LAYER_TYPES)
     if unknown or len(args.layer_types) != args.num_hidden_layers:
-        raise ValueError(f"{what}: layer_types must list one of {draft_module.LAYER_TYPES} "
-                         f"per layer ({args.num_hidden_layers}), got {args.layer_types}.")
+        raise ValueError(
+            f"{what}: layer_types must list one of {draft_module.LAYER_TYPES} "
+            f"per layer ({args.num_hidden_layers}), got {args.layer_types}."
+        )
     if "sliding_attention" in args.layer_types and not args.sliding_window:
-        raise ValueError(f"{what} has sliding_attention layers but no sliding_window in config.json.")
+        raise ValueError(
+            f"{what} has sliding_attention layers but no sliding_window in config.json."
+        )
     if arch == "DFlash2DraftModel":
         from . import dflash2
 
-        missing = [k for k in ("conv_kernel_size", "conv_group_size", "selector_rank",
-                               "selector_top_k") if not getattr(args, k)]
+        missing = [
+            k
+            for k in (
+                "conv_kernel_size",
+                "conv_group_size",
+                "selector_rank",
+                "selector_top_k",
+            )
+            if not getattr(args, k)
+        ]
         if missing:
-            raise ValueError(f"{what} is a DFlash-2 drafter but its config lacks {missing}.")
+            raise ValueError(
+                f"{what} is a DFlash-2 drafter but its config lacks {missing}."
+            )
         model = dflash2.Model(args)
     else:
         model = draft_module.Model(args)
     stored_quant = config.get("quantization")
     if stored_quant:  # an already-quantized checkpoint (mlx-community style)
-        nn.quantize(model, stored_quant["group_size"], stored_quant["bits"],
-                    class_predicate=lambda p, m: isinstance(m, nn.Linear))
+        nn.quantize(
+            model,
+            stored_quant["group_size"],
+            stored_quant["bits"],
+            class_predicate=lambda p, m: isinstance(m, nn.Linear),
+        )
     weights = model.sanitize(_read_weights(path, what))
     expected = {k for k, _ in tree_flatten(model.parameters())}
     missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if missing or extra:
-        raise ValueError(f"{what} weights do not match its config: missing {missing[:5]}, "
-                         f"unexpected {extra[:5]}. Re-download it or fix config.json.")
+        raise ValueError(
+            f"{what} weights do not match its config: missing {missing[:5]}, "
+            f"unexpected {extra[:5]}. Re-download it or fix config.json."
+        )
     try:
         model.load_weights(list(weights.items()))
     except ValueError as e:
@@ -186,10 +242,16 @@ def load_draft(
         # has float32's range.
         model.set_dtype(mx.bfloat16)
     if bits is not None and not stored_quant:
-        nn.quantize(model, group_size, bits,
-                    class_predicate=lambda p, m: isinstance(m, nn.Linear)
-                    and m.weight.shape[-1] % group_size == 0
-                    and not p.startswith("candidate_selector"))
+        nn.quantize(
+            model,
+            group_size,
+            bits,
+            class_predicate=lambda p, m: (
+                isinstance(m, nn.Linear)
+                and m.weight.shape[-1] % group_size == 0
+                and not p.startswith("candidate_selector")
+            ),
+        )
     model.eval()
     mx.eval(model.parameters())
     model.name_or_path = str(path_or_repo)
@@ -213,15 +275,29 @@ def check_compatible(target, draft):
     if d.vocab_size != t.vocab_size:
         problems.append(f"vocabulary {d.vocab_size} vs {t.vocab_size}")
     if d.num_target_layers != t.num_layers:
-        problems.append(f"drafter expects {d.num_target_layers} target layers, target has {t.num_layers}")
+        problems.append(
+            f"drafter expects {d.num_target_layers} target layers, target has {t.num_layers}"
+        )
     if any(not 0 <= i < t.num_layers for i in d.target_layer_ids):
-        problems.append(f"target_layer_ids {d.target_layer_ids} outside 0..{t.num_layers - 1}")
+        problems.append(
+            f"target_layer_ids {d.target_layer_ids} outside 0..{t.num_layers - 1}"
+        )
     if not 0 <= d.mask_token_id < t.vocab_size:
-        problems.append(f"mask_token_id {d.mask_token_id} outside the target vocabulary")
+        problems.append(
+            f"mask_token_id {d.mask_token_id} outside the target vocabulary"
+        )
     vocab = getattr(draft, "draft_vocab", None)
-    if vocab is not None and vocab.size and not (
-            0 <= vocab.min().item() and vocab.max().item() < t.vocab_size):
-        problems.append(f"draft vocabulary ids outside the target vocabulary 0..{t.vocab_size - 1}")
+    if (
+        vocab is not None
+        and vocab.size
+        and not (0 <= vocab.min().item() and vocab.max().item() < t.vocab_size)
+    ):
+        problems.append(
+            f"draft vocabulary ids outside the target vocabulary 0..{t.vocab_size - 1}"
+        )
     if problems:
-        raise ValueError(f"Drafter {dname} does not fit target {tname}: "
-                         + "; ".join(problems) + f". Fix: {fix}.")
+        raise ValueError(
+            f"Drafter {dname} does not fit target {tname}: "
+            + "; ".join(problems)
+            + f". Fix: {fix}."
+        )

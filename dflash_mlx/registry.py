@@ -1,7 +1,6 @@
 """Which z-lab drafter serves which target, so users can name only the target."""
 
 import re
-from typing import Optional
 
 # Target base name (lower case, no owner, no quantization suffix) -> drafter repo.
 DRAFTERS = {
@@ -37,6 +36,6 @@ def base_name(target: str) -> str:
     return _SUFFIX.sub("", name)
 
 
-def drafter_for(target: str) -> Optional[str]:
+def drafter_for(target: str) -> str | None:
     """The z-lab drafter for a target Hub id or folder name, or None when unknown."""
     return DRAFTERS.get(base_name(target))

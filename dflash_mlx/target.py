@@ -9,19 +9,29 @@ and replayed over the accepted prefix, which restores the recurrent and conv sta
 exactly without a second target forward.
 """
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Optional, Sequence
+from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.base import create_attention_mask, create_ssm_mask
-from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+from mlx_lm.models.cache import KVCache, RotatingKVCache
 from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
 
 from . import cpu_ops
 
-SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "qwen3", "qwen3_moe", "qwen3_5", "qwen3_5_moe",
-                         "gemma4", "gemma4_text", "gpt_oss")
+SUPPORTED_MODEL_TYPES = (
+    "llama",
+    "qwen2",
+    "qwen3",
+    "qwen3_moe",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "gemma4",
+    "gemma4_text",
+    "gpt_oss",
+)
 _GEMMA4 = ("gemma4", "gemma4_text")
 
 
@@ -29,7 +39,11 @@ def _text_parts(model: nn.Module):
     """(language model with the head, inner model with embed_tokens/layers/norm)."""
     lm = getattr(model, "language_model", model)
     inner = getattr(lm, "model", None)
-    if inner is None or not hasattr(inner, "layers") or not hasattr(inner, "embed_tokens"):
+    if (
+        inner is None
+        or not hasattr(inner, "layers")
+        or not hasattr(inner, "embed_tokens")
+    ):
         raise ValueError(
             f"Unsupported target {type(model).__module__}: expected an mlx-lm text model "
             f"with model.embed_tokens/layers/norm. Supported: {', '.join(SUPPORTED_MODEL_TYPES)}."
@@ -39,7 +53,9 @@ def _text_parts(model: nn.Module):
 
 def model_type(model: nn.Module) -> str:
     args = getattr(model, "args", None)
-    return getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
+    return (
+        getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1]
+    )
 
 
 @dataclass
@@ -47,17 +63,17 @@ class _DeltaRecord:
     """What one GatedDeltaNet layer needs to replay its recurrence over a prefix."""
 
     conv_input: mx.array  # [conv state before the block; block inputs]
-    state: Optional[mx.array]  # recurrent state before the block
+    state: mx.array | None  # recurrent state before the block
     q: mx.array
     k: mx.array
     v: mx.array
     a: mx.array
     b: mx.array
-    mask: Optional[mx.array]
+    mask: mx.array | None
     mixer: nn.Module
 
 
-def _gated_delta_mixer(mixer, x, mask, cache, tape: Optional[list]):
+def _gated_delta_mixer(mixer, x, mask, cache, tape: list | None):
     # Mirrors mlx_lm.models.qwen3_5.GatedDeltaNet.__call__ (single device), keeping the
     # recurrence inputs when a tape is given.
     B, S, _ = x.shape
@@ -68,12 +84,14 @@ def _gated_delta_mixer(mixer, x, mask, cache, tape: Optional[list]):
     if cache is not None and cache[0] is not None:
         conv_state = cache[0]
     else:
-        conv_state = mx.zeros((B, mixer.conv_kernel_size - 1, mixer.conv_dim), dtype=x.dtype)
+        conv_state = mx.zeros(
+            (B, mixer.conv_kernel_size - 1, mixer.conv_dim), dtype=x.dtype
+        )
     if mask is not None:
         qkv = mx.where(mask[..., None], qkv, 0)
     conv_input = mx.concatenate([conv_state, qkv], axis=1)
     if cache is not None:
-        cache[0] = mx.contiguous(conv_input[:, -(mixer.conv_kernel_size - 1):, :])
+        cache[0] = mx.contiguous(conv_input[:, -(mixer.conv_kernel_size - 1) :, :])
     conv_out = nn.silu(mixer.conv1d(conv_input))
     q, k, v = [
         t.reshape(B, S, h, d)
@@ -88,7 +106,16 @@ def _gated_delta_mixer(mixer, x, mask, cache, tape: Optional[list]):
     if tape is not None:
         tape.append(_DeltaRecord(conv_input, state, q, k, v, a, b, mask, mixer))
     out, state = gated_delta_update(
-        q, k, v, a, b, mixer.A_log, mixer.dt_bias, state, mask, use_kernel=not mixer.training
+        q,
+        k,
+        v,
+        a,
+        b,
+        mixer.A_log,
+        mixer.dt_bias,
+        state,
+        mask,
+        use_kernel=not mixer.training,
     )
     if cache is not None:
         cache[1] = state
@@ -98,7 +125,9 @@ def _gated_delta_mixer(mixer, x, mask, cache, tape: Optional[list]):
 
 
 def _gated_delta_layer(layer, x, mask, cache, tape):
-    h = x + _gated_delta_mixer(layer.linear_attn, layer.input_layernorm(x), mask, cache, tape)
+    h = x + _gated_delta_mixer(
+        layer.linear_attn, layer.input_layernorm(x), mask, cache, tape
+    )
     return h + layer.mlp(layer.post_attention_layernorm(h))
 
 
@@ -107,11 +136,12 @@ _STANDARD_BLOCKS = ("llama", "qwen2", "qwen3")  # pre-norm attention + SwiGLU ML
 
 def _is_standard_block(layer) -> bool:
     attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    return all(hasattr(attn, a) for a in ("q_proj", "k_proj", "v_proj", "o_proj", "rope")) \
-        and all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj"))
+    return all(
+        hasattr(attn, a) for a in ("q_proj", "k_proj", "v_proj", "o_proj", "rope")
+    ) and all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj"))
 
 
-def _shared_rope(layers, standard) -> Optional[tuple]:
+def _shared_rope(layers, standard) -> tuple | None:
     """(dims, base, scale) when every standard layer rotates its whole heads with the same
     plain `nn.RoPE`, so one `cpu_ops.rope_table` per forward serves them all; else None."""
     params = set()
@@ -156,7 +186,9 @@ def _call_layer(layer, x, mask, cache, rope_table=None):
 
 def _sliding_windows(inner, layers) -> list:
     """Per layer: its attention window if it is a sliding-window layer, else None."""
-    window = getattr(inner, "window_size", None) or getattr(inner, "sliding_window", None)
+    window = getattr(inner, "window_size", None) or getattr(
+        inner, "sliding_window", None
+    )
     types = getattr(inner, "layer_types", None) or []
     out = []
     for i, layer in enumerate(layers):
@@ -194,7 +226,9 @@ class Target:
         self._windows = _sliding_windows(self.inner, self.layers)
         # On the CPU, standard blocks run through cpu_ops (same math, cheaper exp and rope).
         self._standard = [
-            cpu_ops.enabled() and self.model_type in _STANDARD_BLOCKS and _is_standard_block(l)
+            cpu_ops.enabled()
+            and self.model_type in _STANDARD_BLOCKS
+            and _is_standard_block(l)
             for l in self.layers
         ]
         self._rope = _shared_rope(self.layers, self._standard)
@@ -231,7 +265,9 @@ class Target:
     def logits(self, hidden: mx.array) -> mx.array:
         """The target's LM head on final-normed hidden states."""
         head = getattr(self.lm, "lm_head", None)
-        logits = head(hidden) if head is not None else self.embed_tokens.as_linear(hidden)
+        logits = (
+            head(hidden) if head is not None else self.embed_tokens.as_linear(hidden)
+        )
         return self.softcapped(logits)
 
     def softcapped(self, logits: mx.array) -> mx.array:
@@ -240,7 +276,7 @@ class Target:
             logits = mx.tanh(logits / self.softcap) * self.softcap
         return logits
 
-    def __call__(self, tokens: mx.array, cache: list[Any], tape: Optional[list] = None):
+    def __call__(self, tokens: mx.array, cache: list[Any], tape: list | None = None):
         """Run the layers on `tokens` (1, L): (final-normed hidden, fused features or None).
 
         With a `tape`, GatedDeltaNet layers append what `rollback` needs to it.
@@ -265,9 +301,12 @@ class Target:
                 if key not in masks:
                     # cpu_ops takes boolean masks, built once here for every layer;
                     # prefill chunks keep mlx-lm's "causal" (MLX's kernel builds its own)
-                    as_array = self._standard[i] and 1 < h.shape[1] <= cpu_ops.MAX_QUERY_ROWS
-                    masks[key] = create_attention_mask(h, c, window_size=key,
-                                                       return_array=as_array)
+                    as_array = (
+                        self._standard[i] and 1 < h.shape[1] <= cpu_ops.MAX_QUERY_ROWS
+                    )
+                    masks[key] = create_attention_mask(
+                        h, c, window_size=key, return_array=as_array
+                    )
                 block = _standard_block if self._standard[i] else _call_layer
                 h = block(layer, h, masks[key], c, rope_table)
             if i in wanted:
@@ -287,7 +326,8 @@ class Target:
         per_layer = [None] * n
         if inner.hidden_size_per_layer_input:
             inputs = inner._project_per_layer_inputs(
-                h, inner._get_per_layer_inputs(tokens, embeddings))
+                h, inner._get_per_layer_inputs(tokens, embeddings)
+            )
             per_layer = [inputs[:, :, i, :] for i in range(n)]
         cache = list(cache) + [None] * (n - len(cache))
         masks = inner._make_masks(h, cache)
@@ -295,8 +335,14 @@ class Target:
         wanted, outputs = set(self.feature_layer_ids), {}
         for i, (layer, c) in enumerate(zip(self.layers, cache)):
             kvs, offset = shared[inner.previous_kvs[i]]
-            h, kvs, offset = layer(h, masks[i], c, per_layer_input=per_layer[i],
-                                   shared_kv=kvs, offset=offset)
+            h, kvs, offset = layer(
+                h,
+                masks[i],
+                c,
+                per_layer_input=per_layer[i],
+                shared_kv=kvs,
+                offset=offset,
+            )
             shared[i] = (kvs, offset)
             if i in wanted:
                 outputs[i] = h
@@ -319,8 +365,16 @@ class Target:
                 m = r.mixer
                 mask = None if r.mask is None else r.mask[:, :keep]
                 _, state = gated_delta_update(
-                    r.q[:, :keep], r.k[:, :keep], r.v[:, :keep], r.a[:, :keep], r.b[:, :keep],
-                    m.A_log, m.dt_bias, r.state, mask, use_kernel=not m.training,
+                    r.q[:, :keep],
+                    r.k[:, :keep],
+                    r.v[:, :keep],
+                    r.a[:, :keep],
+                    r.b[:, :keep],
+                    m.A_log,
+                    m.dt_bias,
+                    r.state,
+                    mask,
+                    use_kernel=not m.training,
                 )
             n_conv = r.conv_input.shape[1] - processed
             c[0] = mx.contiguous(r.conv_input[:, keep : keep + n_conv])

@@ -49,7 +49,9 @@ class SamplingParams:
             sorted_p = mx.take_along_axis(probs, order, axis=-1)
             # keep the smallest prefix whose mass reaches top_p (always the top token)
             keep_sorted = (mx.cumsum(sorted_p, axis=-1) - sorted_p) < self.top_p
-            keep = mx.put_along_axis(mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1)
+            keep = mx.put_along_axis(
+                mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1
+            )
             probs = mx.where(keep, probs, 0)
         return probs / mx.sum(probs, axis=-1, keepdims=True)
 

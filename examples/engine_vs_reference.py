@@ -22,16 +22,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 def build_pair(family, hidden, layers, root):
     import tiny
 
-    t = tiny.make_target(root / "target", family, hidden_size=hidden,
-                         intermediate_size=hidden * 3, num_hidden_layers=layers, vocab_size=4096)
-    d = tiny.make_draft(root / "draft", t, num_layers=2, block_size=16, intermediate_size=hidden * 3)
+    t = tiny.make_target(
+        root / "target",
+        family,
+        hidden_size=hidden,
+        intermediate_size=hidden * 3,
+        num_hidden_layers=layers,
+        vocab_size=4096,
+    )
+    d = tiny.make_draft(
+        root / "draft", t, num_layers=2, block_size=16, intermediate_size=hidden * 3
+    )
     return str(t), str(d)
 
 
 def run(engine, model, draft, tok, prompt, max_tokens, block_size):
     tic = time.perf_counter()
     tokens, last = [], None
-    for r in engine(model, draft, tok, prompt, block_size=block_size, max_tokens=max_tokens):
+    for r in engine(
+        model, draft, tok, prompt, block_size=block_size, max_tokens=max_tokens
+    ):
         tokens += r.tokens
         last = r
     return tokens, last.generation_tps, time.perf_counter() - tic
@@ -58,18 +68,26 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         model_path, draft_path = args.model, args.draft
         if not model_path:
-            model_path, draft_path = build_pair(args.family, args.hidden, args.layers, Path(tmp))
+            model_path, draft_path = build_pair(
+                args.family, args.hidden, args.layers, Path(tmp)
+            )
         ours_model, tok = dflash_mlx.load(model_path)
-        ref_model, _ = dflash_mlx.load(model_path)  # the reference wraps its model's layers
+        ref_model, _ = dflash_mlx.load(
+            model_path
+        )  # the reference wraps its model's layers
         tok.eos_token_ids = set()  # random models: measure full-length generations
         draft = dflash_mlx.load_draft(draft_path)
         ref_draft = reference.DFlashDraftModel(reference_config(draft.args))
         from mlx.utils import tree_flatten
 
         ref_draft.load_weights(list(tree_flatten(draft.parameters())))
-        engines = {"dflash-mlx": (dflash_mlx.stream_generate, ours_model, draft),
-                   "reference": (reference.stream_generate, ref_model, ref_draft)}
-        prompt = tok.encode("Speculative decoding on Apple silicon, measured honestly: ")
+        engines = {
+            "dflash-mlx": (dflash_mlx.stream_generate, ours_model, draft),
+            "reference": (reference.stream_generate, ref_model, ref_draft),
+        }
+        prompt = tok.encode(
+            "Speculative decoding on Apple silicon, measured honestly: "
+        )
         rates = {name: [] for name in engines}
         outputs = {}
         for name, (fn, m, d) in engines.items():  # warm-up
@@ -77,7 +95,9 @@ def main():
         for i in range(args.repeats):
             order = list(engines.items())
             for name, (fn, m, d) in order if i % 2 == 0 else order[::-1]:  # alternate
-                tokens, tps, _ = run(fn, m, d, tok, prompt, args.max_tokens, args.block_size)
+                tokens, tps, _ = run(
+                    fn, m, d, tok, prompt, args.max_tokens, args.block_size
+                )
                 rates[name].append(tps)
                 outputs[name] = tokens
         same = outputs["dflash-mlx"] == outputs["reference"]
@@ -88,8 +108,17 @@ def main():
         for name, tps in summary.items():
             print(f"{name:<12} {tps:>22.1f}")
         print(f"identical outputs: {same}")
-        print(json.dumps({"tok_s": summary, "identical": same, "blas": blas,
-                          "max_tokens": args.max_tokens, "block_size": args.block_size}))
+        print(
+            json.dumps(
+                {
+                    "tok_s": summary,
+                    "identical": same,
+                    "blas": blas,
+                    "max_tokens": args.max_tokens,
+                    "block_size": args.block_size,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -37,13 +37,15 @@ def main():
 
     import mlx.core as mx
     import mlx_lm
+    import tiny
     from mlx.utils import tree_flatten
 
-    import tiny
     from dflash_mlx import load, load_draft, make_prompt_cache, stream_generate
 
     with tempfile.TemporaryDirectory() as tmp:
-        t = tiny.make_target(Path(tmp) / "t", args.family, max_position_embeddings=32768)
+        t = tiny.make_target(
+            Path(tmp) / "t", args.family, max_position_embeddings=32768
+        )
         d = tiny.make_draft(Path(tmp) / "d", t, max_position_embeddings=32768)
         model, tok = load(str(t))
         draft = load_draft(str(d), sliding_window_size=args.draft_window)
@@ -51,31 +53,65 @@ def main():
         weights += sum(v.nbytes for _, v in tree_flatten(draft.parameters()))
         rows = []
         for n in [int(x) for x in args.lengths.split(",")]:
-            prompt = (tok.encode("All work and no play makes Jack a dull boy. ") * n)[:n]
+            prompt = (tok.encode("All work and no play makes Jack a dull boy. ") * n)[
+                :n
+            ]
             cache = make_prompt_cache(model, draft)
             mx.clear_cache()
             mx.reset_peak_memory()
-            for r in stream_generate(model, draft, tok, prompt, max_tokens=16,
-                                     prompt_cache=cache, prefill_step_size=args.prefill_step_size):
+            for r in stream_generate(
+                model,
+                draft,
+                tok,
+                prompt,
+                max_tokens=16,
+                prompt_cache=cache,
+                prefill_step_size=args.prefill_step_size,
+            ):
                 pass
             kv = cache_bytes(cache.target) + cache_bytes(cache.draft)
             draft_kv = cache_bytes(cache.draft)
             del cache
             mx.clear_cache()
             mx.reset_peak_memory()
-            for b in mlx_lm.stream_generate(model, tok, prompt, max_tokens=16,
-                                            prefill_step_size=args.prefill_step_size):
+            for b in mlx_lm.stream_generate(
+                model,
+                tok,
+                prompt,
+                max_tokens=16,
+                prefill_step_size=args.prefill_step_size,
+            ):
                 pass
-            rows.append(dict(prompt=n, peak_mb=round(r.peak_memory * 1e3, 1),
-                             mlx_lm_peak_mb=round(b.peak_memory * 1e3, 1),
-                             caches_mb=round(kv / 1e6, 1), draft_cache_mb=round(draft_kv / 1e6, 1),
-                             weights_mb=round(weights / 1e6, 1)))
-        cols = ["prompt", "peak_mb", "mlx_lm_peak_mb", "caches_mb", "draft_cache_mb", "weights_mb"]
+            rows.append(
+                dict(
+                    prompt=n,
+                    peak_mb=round(r.peak_memory * 1e3, 1),
+                    mlx_lm_peak_mb=round(b.peak_memory * 1e3, 1),
+                    caches_mb=round(kv / 1e6, 1),
+                    draft_cache_mb=round(draft_kv / 1e6, 1),
+                    weights_mb=round(weights / 1e6, 1),
+                )
+            )
+        cols = [
+            "prompt",
+            "peak_mb",
+            "mlx_lm_peak_mb",
+            "caches_mb",
+            "draft_cache_mb",
+            "weights_mb",
+        ]
         print(" ".join(f"{c:>15}" for c in cols))
         for r in rows:
             print(" ".join(f"{r[c]:>15}" for c in cols))
-        print(json.dumps({"family": args.family, "prefill_step_size": args.prefill_step_size,
-                          "rows": rows}))
+        print(
+            json.dumps(
+                {
+                    "family": args.family,
+                    "prefill_step_size": args.prefill_step_size,
+                    "rows": rows,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -23,11 +23,16 @@ def pack(src: Path, out: Path):
     for old in out.glob("*.safetensors*"):
         old.unlink()
     weights = mx.load(str(src / "model.safetensors"))
-    half = {k: v.astype(mx.float16) if mx.issubdtype(v.dtype, mx.floating) else v
-            for k, v in weights.items()}
+    half = {
+        k: v.astype(mx.float16) if mx.issubdtype(v.dtype, mx.floating) else v
+        for k, v in weights.items()
+    }
     tmp = out / "model.safetensors"
     mx.save_safetensors(str(tmp), half, metadata={"format": "mlx"})
-    with open(tmp, "rb") as f, gzip.open(out / "model.safetensors.gz", "wb", compresslevel=9) as g:
+    with (
+        open(tmp, "rb") as f,
+        gzip.open(out / "model.safetensors.gz", "wb", compresslevel=9) as g,
+    ):
         shutil.copyfileobj(f, g)
     tmp.unlink()
     config = json.loads((src / "config.json").read_text())
@@ -41,7 +46,9 @@ def pack(src: Path, out: Path):
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("drafter", type=Path, help="A drafter folder written by dflash-mlx train.")
+    parser.add_argument(
+        "drafter", type=Path, help="A drafter folder written by dflash-mlx train."
+    )
     parser.add_argument("--out", type=Path, default=DRAFTERS_DIR / DRAFT_NAME)
     args = parser.parse_args()
     pack(args.drafter, args.out)

@@ -15,17 +15,27 @@ TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
 ALIGN = 32
 
 _LAYER = {
-    "self_attn.q_proj": "attn_q", "self_attn.k_proj": "attn_k", "self_attn.v_proj": "attn_v",
-    "self_attn.o_proj": "attn_output", "self_attn.q_norm": "attn_q_norm",
-    "self_attn.k_norm": "attn_k_norm", "mlp.gate_proj": "ffn_gate", "mlp.up_proj": "ffn_up",
-    "mlp.down_proj": "ffn_down", "input_layernorm": "attn_norm",
+    "self_attn.q_proj": "attn_q",
+    "self_attn.k_proj": "attn_k",
+    "self_attn.v_proj": "attn_v",
+    "self_attn.o_proj": "attn_output",
+    "self_attn.q_norm": "attn_q_norm",
+    "self_attn.k_norm": "attn_k_norm",
+    "mlp.gate_proj": "ffn_gate",
+    "mlp.up_proj": "ffn_up",
+    "mlp.down_proj": "ffn_down",
+    "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
 }
 
 
 def gguf_name(name: str) -> str:
     module, suffix = name.rsplit(".", 1)
-    top = {"model.embed_tokens": "token_embd", "model.norm": "output_norm", "lm_head": "output"}
+    top = {
+        "model.embed_tokens": "token_embd",
+        "model.norm": "output_norm",
+        "lm_head": "output",
+    }
     if module in top:
         return f"{top[module]}.{suffix}"
     _, _, i, rest = module.split(".", 3)
@@ -34,11 +44,15 @@ def gguf_name(name: str) -> str:
 
 def permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     """llama.cpp's convert_hf_to_gguf permutation of Q/K rows (HF -> GGUF)."""
-    return w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:]).swapaxes(1, 2) \
+    return (
+        w.reshape(n_heads, 2, w.shape[0] // n_heads // 2, *w.shape[1:])
+        .swapaxes(1, 2)
         .reshape(w.shape)
+    )
 
 
 # --- quantizers: x (rows, cols) float32 -> (raw bytes, dequantized float32 copy) ---
+
 
 def _blocks(x):
     return x.reshape(-1, 32).astype(np.float32)
@@ -64,7 +78,9 @@ def q4_0(x):
     inv = np.where(d != 0, 1 / d.astype(np.float32), 0)
     q = np.clip(np.floor(b * inv[:, None] + 8.5), 0, 15).astype(np.uint8)
     raw = np.concatenate([d.view(np.uint8).reshape(-1, 2), _pack4(q)], 1)
-    return raw.tobytes(), (d.astype(np.float32)[:, None] * (q.astype(np.float32) - 8)).reshape(x.shape)
+    return raw.tobytes(), (
+        d.astype(np.float32)[:, None] * (q.astype(np.float32) - 8)
+    ).reshape(x.shape)
 
 
 def q4_1(x):
@@ -72,10 +88,13 @@ def q4_1(x):
     lo, hi = b.min(1), b.max(1)
     d, m = ((hi - lo) / 15).astype(np.float16), lo.astype(np.float16)
     inv = np.where(d != 0, 1 / d.astype(np.float32), 0)
-    q = np.clip(np.floor((b - m.astype(np.float32)[:, None]) * inv[:, None] + 0.5), 0, 15)
+    q = np.clip(
+        np.floor((b - m.astype(np.float32)[:, None]) * inv[:, None] + 0.5), 0, 15
+    )
     q = q.astype(np.uint8)
-    raw = np.concatenate([d.view(np.uint8).reshape(-1, 2), m.view(np.uint8).reshape(-1, 2),
-                          _pack4(q)], 1)
+    raw = np.concatenate(
+        [d.view(np.uint8).reshape(-1, 2), m.view(np.uint8).reshape(-1, 2), _pack4(q)], 1
+    )
     deq = d.astype(np.float32)[:, None] * q + m.astype(np.float32)[:, None]
     return raw.tobytes(), deq.reshape(x.shape)
 
@@ -84,6 +103,7 @@ QUANTIZERS = {"Q8_0": q8_0, "Q4_0": q4_0, "Q4_1": q4_1}
 
 
 # --- file format ---
+
 
 def _str(s: str) -> bytes:
     b = s.encode()
@@ -101,9 +121,17 @@ def _kv(key, value) -> bytes:
     if isinstance(value, str):
         return out + struct.pack("<I", 8) + _str(value)
     if isinstance(value, list) and value and isinstance(value[0], str):
-        return out + struct.pack("<IIQ", 9, 8, len(value)) + b"".join(_str(v) for v in value)
+        return (
+            out
+            + struct.pack("<IIQ", 9, 8, len(value))
+            + b"".join(_str(v) for v in value)
+        )
     if isinstance(value, list):
-        return out + struct.pack("<IIQ", 9, 5, len(value)) + struct.pack(f"<{len(value)}i", *value)
+        return (
+            out
+            + struct.pack("<IIQ", 9, 5, len(value))
+            + struct.pack(f"<{len(value)}i", *value)
+        )
     raise TypeError(f"cannot write {key}={value!r}")
 
 
@@ -133,25 +161,36 @@ def tokenizer_metadata(tokenizer, pre: str) -> dict:
         tokens[i] = t
     for i, t in enumerate(tokens):
         tokens[i] = t or f"[PAD{i}]"
-    types = [3 if t in added and added[t]["special"] else 4 if t in added else 1 for t in tokens]
+    types = [
+        3 if t in added and added[t]["special"] else 4 if t in added else 1
+        for t in tokens
+    ]
     merges = [m if isinstance(m, str) else " ".join(m) for m in spec["model"]["merges"]]
-    md = {"tokenizer.ggml.model": "gpt2", "tokenizer.ggml.pre": pre,
-          "tokenizer.ggml.tokens": tokens, "tokenizer.ggml.token_type": types,
-          "tokenizer.ggml.eos_token_id": tokenizer.eos_token_id,
-          "tokenizer.ggml.add_bos_token": False,
-          "tokenizer.chat_template": tokenizer.chat_template}
+    md = {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": pre,
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.eos_token_id": tokenizer.eos_token_id,
+        "tokenizer.ggml.add_bos_token": False,
+        "tokenizer.chat_template": tokenizer.chat_template,
+    }
     if merges:
         md["tokenizer.ggml.merges"] = merges
     return md
 
 
-def write_target(target_dir: Path, out: Path, quant: str = "F32", pre: str = "gpt-2") -> dict:
+def write_target(
+    target_dir: Path, out: Path, quant: str = "F32", pre: str = "gpt-2"
+) -> dict:
     """Write the safetensors target at `target_dir` as GGUF; return the weights it represents."""
     from transformers import AutoTokenizer
 
     config = json.loads((target_dir / "config.json").read_text())
-    weights = {k: np.array(v.astype(mx.float32))
-               for k, v in mx.load(str(target_dir / "model.safetensors")).items()}
+    weights = {
+        k: np.array(v.astype(mx.float32))
+        for k, v in mx.load(str(target_dir / "model.safetensors")).items()
+    }
     arch = config["model_type"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     tensors, represented = {}, {}
@@ -163,24 +202,43 @@ def write_target(target_dir: Path, out: Path, quant: str = "F32", pre: str = "gp
             stored = permute(w, kv_heads)
         if quant in QUANTIZERS and w.ndim == 2:
             raw, deq_stored = QUANTIZERS[quant](stored)
-            inv = np.argsort(permute(np.arange(w.shape[0]), heads if "q_proj" in name
-                                     else kv_heads)) if stored is not w else None
+            inv = (
+                np.argsort(
+                    permute(
+                        np.arange(w.shape[0]), heads if "q_proj" in name else kv_heads
+                    )
+                )
+                if stored is not w
+                else None
+            )
             represented[name] = deq_stored if inv is None else deq_stored[inv]
             tensors[gguf_name(name)] = (quant, raw, w.shape)
         elif quant == "F16" and w.ndim == 2:
-            tensors[gguf_name(name)] = ("F16", stored.astype(np.float16).tobytes(), w.shape)
+            tensors[gguf_name(name)] = (
+                "F16",
+                stored.astype(np.float16).tobytes(),
+                w.shape,
+            )
             represented[name] = w.astype(np.float16).astype(np.float32)
         else:
-            tensors[gguf_name(name)] = ("F32", stored.astype(np.float32).tobytes(), w.shape)
+            tensors[gguf_name(name)] = (
+                "F32",
+                stored.astype(np.float32).tobytes(),
+                w.shape,
+            )
             represented[name] = w
-    md = {"general.architecture": arch, "general.alignment": ALIGN,
-          f"{arch}.block_count": config["num_hidden_layers"],
-          f"{arch}.embedding_length": config["hidden_size"],
-          f"{arch}.feed_forward_length": config["intermediate_size"],
-          f"{arch}.attention.head_count": heads, f"{arch}.attention.head_count_kv": kv_heads,
-          f"{arch}.attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
-          f"{arch}.rope.freq_base": float(config["rope_theta"]),
-          f"{arch}.context_length": config["max_position_embeddings"]}
+    md = {
+        "general.architecture": arch,
+        "general.alignment": ALIGN,
+        f"{arch}.block_count": config["num_hidden_layers"],
+        f"{arch}.embedding_length": config["hidden_size"],
+        f"{arch}.feed_forward_length": config["intermediate_size"],
+        f"{arch}.attention.head_count": heads,
+        f"{arch}.attention.head_count_kv": kv_heads,
+        f"{arch}.attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
+        f"{arch}.rope.freq_base": float(config["rope_theta"]),
+        f"{arch}.context_length": config["max_position_embeddings"],
+    }
     if "head_dim" in config:
         md[f"{arch}.attention.key_length"] = config["head_dim"]
         md[f"{arch}.attention.value_length"] = config["head_dim"]
@@ -194,6 +252,9 @@ def save_reference(target_dir: Path, weights: dict, out: Path) -> Path:
     import shutil
 
     shutil.copytree(target_dir, out)
-    mx.save_safetensors(str(out / "model.safetensors"),
-                        {k: mx.array(v) for k, v in weights.items()}, metadata={"format": "mlx"})
+    mx.save_safetensors(
+        str(out / "model.safetensors"),
+        {k: mx.array(v) for k, v in weights.items()},
+        metadata={"format": "mlx"},
+    )
     return out

@@ -26,10 +26,16 @@ def error_ratio(actual: mx.array, expected: mx.array, depth: int) -> float:
     """max |actual - expected| in units of the tolerance (<= 1 passes)."""
     if actual.shape != expected.shape:
         return float("inf")
-    diff = float(mx.max(mx.abs(actual.astype(mx.float32) - expected.astype(mx.float32))))
+    diff = float(
+        mx.max(mx.abs(actual.astype(mx.float32) - expected.astype(mx.float32)))
+    )
     return diff / tolerance(expected, depth)
 
 
-def assert_close(actual: mx.array, expected: mx.array, depth: int, what: str = "") -> None:
+def assert_close(
+    actual: mx.array, expected: mx.array, depth: int, what: str = ""
+) -> None:
     ratio = error_ratio(actual, expected, depth)
-    assert ratio <= 1.0, f"{what}: off by {ratio:.1f}x the {depth}-layer float32 tolerance"
+    assert ratio <= 1.0, (
+        f"{what}: off by {ratio:.1f}x the {depth}-layer float32 tolerance"
+    )

@@ -25,7 +25,9 @@ class OracleDraft(Model):
         return super().__call__(block_embeddings, cache)
 
     def finalize_logits(self, logits):
-        return proposal_logits(self.reference, self._pos, self._len, logits.shape[-1], self.wrong)
+        return proposal_logits(
+            self.reference, self._pos, self._len, logits.shape[-1], self.wrong
+        )
 
 
 def proposal_logits(reference, pos, length, vocab, wrong):

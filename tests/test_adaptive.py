@@ -1,10 +1,10 @@
 """The adaptive block size: picks what is fastest here, stays lossless."""
 
 import pytest
-
-from dflash_mlx.adaptive import AdaptiveBlockSize, FixedBlockSize
 from oracles import OracleDraft
 from test_generate import long_prompt, plain, spec
+
+from dflash_mlx.adaptive import AdaptiveBlockSize, FixedBlockSize
 
 
 def simulate(policy, accept_rate, cost, blocks=300):
@@ -24,19 +24,27 @@ def simulate(policy, accept_rate, cost, blocks=300):
 
 
 def mostly(chosen):
-    tail = chosen[len(chosen) // 2:]
+    tail = chosen[len(chosen) // 2 :]
     return max(set(tail), key=tail.count)
 
 
 def test_memory_bound_machine_and_good_drafter_use_big_blocks():
     # verify cost nearly flat in B (Apple GPU-like), drafter accepted 90% of the time
-    chosen = simulate(AdaptiveBlockSize(16), 0.9, lambda b: 0.02 + 0.0005 * b + (0.004 if b > 1 else 0))
+    chosen = simulate(
+        AdaptiveBlockSize(16),
+        0.9,
+        lambda b: 0.02 + 0.0005 * b + (0.004 if b > 1 else 0),
+    )
     assert mostly(chosen) == 16
 
 
 def test_weak_drafter_falls_back_to_plain_decoding():
-    chosen = simulate(AdaptiveBlockSize(16), 0.02, lambda b: 0.02 + 0.001 * b + (0.005 if b > 1 else 0),
-                      blocks=1000)
+    chosen = simulate(
+        AdaptiveBlockSize(16),
+        0.02,
+        lambda b: 0.02 + 0.001 * b + (0.005 if b > 1 else 0),
+        blocks=1000,
+    )
     assert mostly(chosen) == 1
     # explorations that keep losing back off: few detours late in the run
     assert sum(c != 1 for c in chosen[500:]) <= 4
@@ -51,7 +59,9 @@ def test_compute_bound_machine_prefers_small_blocks():
 def test_expected_tokens_and_exploration():
     p = AdaptiveBlockSize(8, explore_every=5)
     assert p.sizes == [1, 2, 4, 8]
-    assert p.expected_tokens(1) == 1 and p.expected_tokens(4) == 4  # optimistic when untried
+    assert (
+        p.expected_tokens(1) == 1 and p.expected_tokens(4) == 4
+    )  # optimistic when untried
     firsts = [p.next() for _ in range(1)]
     assert firsts == [8]
     for size in (8, 4, 2, 1):
@@ -81,8 +91,9 @@ def oracle_case(tiny_pair, family, wrong):
 
 
 def test_auto_block_size_is_lossless(tiny_pair):
-    model, tok, draft, prompt, ref, good = oracle_case(tiny_pair, "qwen3_5",
-                                                       lambda k, i: i % 11 == 0)
+    model, tok, draft, prompt, ref, good = oracle_case(
+        tiny_pair, "qwen3_5", lambda k, i: i % 11 == 0
+    )
     out, responses = spec(model, good, tok, prompt, max_tokens=40, block_size="auto")
     assert out == ref
     assert len({r.block_size for r in responses[1:]}) > 1  # it explored sizes
@@ -92,11 +103,19 @@ def test_auto_block_size_is_lossless(tiny_pair):
         spec(model, draft, tok, prompt, max_tokens=4, block_size="fast")
 
 
-def measured(costs: dict, tokens_per_block: float = 2.0, seconds_per_block: float = 0.1):
+def measured(
+    costs: dict, tokens_per_block: float = 2.0, seconds_per_block: float = 0.1
+):
     """A policy that has timed verifying T tokens (costs) and runs at the given pace."""
     p = AdaptiveBlockSize(8)
     for t, v in costs.items():
-        p.observe(8, int(tokens_per_block) - 1, seconds_per_block, verified=t, verify_seconds=v)
+        p.observe(
+            8,
+            int(tokens_per_block) - 1,
+            seconds_per_block,
+            verified=t,
+            verify_seconds=v,
+        )
     return p
 
 
@@ -114,7 +133,9 @@ def test_cut_keeps_likely_drafts_where_verifying_costs_grow():
     assert p.verify_cost(5) == pytest.approx(0.088)
     assert p.cut([0.05] * 7) == 0  # hopeless: a plain step is cheaper
     assert p.cut([0.97] * 7) == 7  # confident all the way
-    assert p.cut([0.9, 0.8, 0.05, 0.9, 0.9, 0.9, 0.9]) == 2  # stop at the doubtful draft
+    assert (
+        p.cut([0.9, 0.8, 0.05, 0.9, 0.9, 0.9, 0.9]) == 2
+    )  # stop at the doubtful draft
 
 
 def test_cut_keeps_everything_where_verifying_is_flat():
@@ -141,9 +162,13 @@ class CuttingPolicy:
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5", "gemma4_text", "gpt_oss"])
 def test_cut_blocks_are_lossless(tiny_pair, family):
-    model, tok, _, prompt, ref, good = oracle_case(tiny_pair, family, lambda k, i: i % 7 == 0)
+    model, tok, _, prompt, ref, good = oracle_case(
+        tiny_pair, family, lambda k, i: i % 7 == 0
+    )
     policy = CuttingPolicy(8)
     out, responses = spec(model, good, tok, prompt, max_tokens=40, block_size=policy)
     assert out == ref
     assert policy.calls > 3
-    assert {r.block_size for r in responses[1:]} - {1} and 1 in {r.block_size for r in responses}
+    assert {r.block_size for r in responses[1:]} - {1} and 1 in {
+        r.block_size for r in responses
+    }

@@ -24,7 +24,9 @@ def test_reexec_decision():
     assert blas.reexec_env({}, "darwin", OPENBLAS, False) is None
     assert blas.reexec_env({blas.NO_REEXEC: "1"}, "linux", OPENBLAS, False) is None
     assert blas.reexec_env({blas.NO_REEXEC: "0"}, "linux", OPENBLAS, False) is not None
-    assert blas.reexec_env({blas.REEXEC_MARKER: "1"}, "linux", OPENBLAS, False) is None  # no loop
+    assert (
+        blas.reexec_env({blas.REEXEC_MARKER: "1"}, "linux", OPENBLAS, False) is None
+    )  # no loop
 
 
 def test_ensure_fast_blas_execs_only_when_needed(monkeypatch):
@@ -36,7 +38,12 @@ def test_ensure_fast_blas_execs_only_when_needed(monkeypatch):
     monkeypatch.delenv(blas.REEXEC_MARKER, raising=False)
     blas.ensure_fast_blas(["-m", "dflash_mlx.cli.main", "chat"], platform="linux")
     exe, argv, env = calls[0]
-    assert exe == sys.executable and argv == [sys.executable, "-m", "dflash_mlx.cli.main", "chat"]
+    assert exe == sys.executable and argv == [
+        sys.executable,
+        "-m",
+        "dflash_mlx.cli.main",
+        "chat",
+    ]
     assert env["LD_PRELOAD"].startswith(OPENBLAS)
     monkeypatch.setenv(blas.NO_REEXEC, "1")
     blas.ensure_fast_blas(["x"], platform="linux")
@@ -47,10 +54,16 @@ def test_ensure_fast_blas_execs_only_when_needed(monkeypatch):
 
 def test_blas_in_use():
     pre = {"LD_PRELOAD": OPENBLAS}
-    assert blas.blas_in_use([NUMPY, BUNDLED], "linux", {})["name"].startswith("reference")
+    assert blas.blas_in_use([NUMPY, BUNDLED], "linux", {})["name"].startswith(
+        "reference"
+    )
     assert not blas.blas_in_use([NUMPY, BUNDLED], "linux", {})["fast"]
     got = blas.blas_in_use([NUMPY, OPENBLAS, BUNDLED], "linux", pre)
-    assert got["name"] == "OpenBLAS (preloaded)" and got["path"] == OPENBLAS and got["fast"]
+    assert (
+        got["name"] == "OpenBLAS (preloaded)"
+        and got["path"] == OPENBLAS
+        and got["fast"]
+    )
     assert blas.blas_in_use([], "darwin", {})["name"] == "Accelerate"
     assert blas.blas_in_use(["/lib/libc.so.6"], "linux", {})["name"] == "unknown"
     live = blas.blas_in_use()  # this process: whatever it is, it is named
@@ -74,7 +87,11 @@ def test_matmul_probe():
 
 
 def test_advice():
-    slow = {"name": "reference BLAS (bundled with mlx-cpu)", "path": BUNDLED, "fast": False}
+    slow = {
+        "name": "reference BLAS (bundled with mlx-cpu)",
+        "path": BUNDLED,
+        "fast": False,
+    }
     fix = blas.advice(slow, 2.0, "linux", {}, openblas=None)
     assert any("apt-get install -y libopenblas0-pthread" in f for f in fix)
     assert any("2.0 GFLOP/s" in f for f in fix)
@@ -87,8 +104,17 @@ def test_advice():
 def test_doctor_cli():
     result = CliRunner().invoke(app, ["doctor", "--matmul-size", "64"])
     assert result.exit_code == 0, result.output
-    for field in ["Backend", "Device", "BLAS in use", "Matmul 64", "GFLOP/s", "MLX / mlx-lm",
-                  "Attention kernels", "Default target", "Default drafter"]:
+    for field in [
+        "Backend",
+        "Device",
+        "BLAS in use",
+        "Matmul 64",
+        "GFLOP/s",
+        "MLX / mlx-lm",
+        "Attention kernels",
+        "Default target",
+        "Default drafter",
+    ]:
         assert field in result.output
 
 
@@ -100,12 +126,16 @@ def test_doctor_json():
     assert report["matmul_gflops"] > 0 and report["matmul_size"] == 64
     assert report["mlx"][0].isdigit() and report["blas"]
     assert isinstance(report["fixes"], list) and report["ok"] == (not report["fixes"])
-    if report["backend"] == "CPU":  # fused when MLX can compile here, else a fix says how
+    if (
+        report["backend"] == "CPU"
+    ):  # fused when MLX can compile here, else a fix says how
         from dflash_mlx import cpu_ops
 
         assert report["cpu_kernels"].startswith("fused") == cpu_ops.enabled()
         assert cpu_ops.enabled() or any("C++ compiler" in f for f in report["fixes"])
-    if sys.platform.startswith("linux") and not report["blas"].startswith(("OpenBLAS", "MKL")):
+    if sys.platform.startswith("linux") and not report["blas"].startswith(
+        ("OpenBLAS", "MKL")
+    ):
         assert any("OpenBLAS" in f for f in report["fixes"])
 
 

@@ -5,11 +5,17 @@ import sys
 import types
 
 import pytest
-
 import tiny
+
 from dflash_mlx import load, load_draft
-from dflash_mlx.chat import (ChatSession, Piece, Settings, _Splitter, resolve_models,
-                             split_thinking)
+from dflash_mlx.chat import (
+    ChatSession,
+    Piece,
+    Settings,
+    _Splitter,
+    resolve_models,
+    split_thinking,
+)
 from dflash_mlx.generate import GenerationResponse
 
 
@@ -23,7 +29,9 @@ def pair(tiny_pair):
 def session(pair, **kw):
     model, tokenizer, draft = pair
     kw.setdefault("settings", Settings(max_tokens=12))
-    return ChatSession(model, tokenizer, draft, names={"model": "tiny", "draft": "tiny-d"}, **kw)
+    return ChatSession(
+        model, tokenizer, draft, names={"model": "tiny", "draft": "tiny-d"}, **kw
+    )
 
 
 def run(s, text):
@@ -59,7 +67,11 @@ def test_second_turn_reuses_the_cache_and_matches_a_fresh_prefill(pair):
     assert a == b  # reuse is lossless
     first, second = reuse.turns
     # the whole first exchange came from the cache: the answer keeps its generated ids
-    assert second.reused_tokens == cached == first.prompt_tokens + first.generation_tokens - 1
+    assert (
+        second.reused_tokens
+        == cached
+        == first.prompt_tokens + first.generation_tokens - 1
+    )
     assert fresh.turns[1].reused_tokens == 0
     assert cache_consistent(reuse)
 
@@ -124,7 +136,15 @@ def test_slash_commands_change_state(pair, tmp_path):
     s.command("/max 7")
     assert s.settings.max_tokens == 7
     s.command("/max 12")
-    for bad in ("/temp x", "/temp -1", "/block 0", "/draft maybe", "/nope", "/save", "/max 0"):
+    for bad in (
+        "/temp x",
+        "/temp -1",
+        "/block 0",
+        "/draft maybe",
+        "/nope",
+        "/save",
+        "/max 0",
+    ):
         with pytest.raises(ValueError):
             s.command(bad)
     s.command("/block 4")
@@ -142,9 +162,15 @@ def test_slash_commands_change_state(pair, tmp_path):
     # plain turns keep the drafter's cache in sync: every turn reuses the history
     assert all(t.reused_tokens > 0 for t in s.turns[1:])
     assert cache_consistent(s)
-    assert s.turns[2].speedup == pytest.approx(s.turns[2].generation_tps / s.turns[1].generation_tps)
+    assert s.turns[2].speedup == pytest.approx(
+        s.turns[2].generation_tps / s.turns[1].generation_tps
+    )
     stats = s.stats()
-    assert stats["turns"] == 3 and stats["generated_tokens"] == 36 and stats["plain_tps"] > 0
+    assert (
+        stats["turns"] == 3
+        and stats["generated_tokens"] == 36
+        and stats["plain_tps"] > 0
+    )
     assert stats["cached_tokens"] == s.cached_tokens > 0
 
     s.command(f"/save {tmp_path / 'chat.json'}")
@@ -193,16 +219,26 @@ class _Tok:
 
 
 def response(tokens, from_draft, finish=None):
-    return GenerationResponse("", tokens, len(tokens), 1, 1.0, 1, 1.0, 0.0, finish, from_draft)
+    return GenerationResponse(
+        "", tokens, len(tokens), 1, 1.0, 1, 1.0, 0.0, finish, from_draft
+    )
 
 
 def test_splitter_marks_drafted_tokens_and_thinking():
     tok = _Tok({0: "<think>", 1: "hm", 2: "</think>", 3: "Hi", 4: "!", 5: "<eos>"})
     sp = _Splitter(tok, thinking=False)
-    assert sp.split(response([0, 1], 1)) == [Piece("<think>", True, True), Piece("hm", False, True)]
-    assert sp.split(response([2, 3, 4], 2)) == [Piece("</think>", True, True),
-                                               Piece("Hi", True, False), Piece("!", False, False)]
-    assert sp.split(response([4, 5], 1, "stop")) == [Piece("!", True, False)]  # EOS not shown
+    assert sp.split(response([0, 1], 1)) == [
+        Piece("<think>", True, True),
+        Piece("hm", False, True),
+    ]
+    assert sp.split(response([2, 3, 4], 2)) == [
+        Piece("</think>", True, True),
+        Piece("Hi", True, False),
+        Piece("!", False, False),
+    ]
+    assert sp.split(response([4, 5], 1, "stop")) == [
+        Piece("!", True, False)
+    ]  # EOS not shown
     sp = _Splitter(tok, thinking=True)  # the template opened <think> in the prompt
     assert sp.split(response([1, 2, 3], 0))[0] == Piece("hm", False, True)
 
@@ -225,10 +261,17 @@ def test_qwen3_template_thinking_switch(models_dir):
     assert off.render_text(msgs).endswith("<think>\n\n</think>\n\n")
     assert on.render_text(msgs).endswith("<|im_start|>assistant\n")
     # earlier answers lose their <think> part when re-rendered, as the template says
-    off.messages = msgs + [{"role": "assistant", "content": "<think>\nsecret\n</think>\n\nFour."}]
-    assert "secret" not in off.render_text(off.messages + msgs) and "Four." in off.render_text()
+    off.messages = msgs + [
+        {"role": "assistant", "content": "<think>\nsecret\n</think>\n\nFour."}
+    ]
+    assert (
+        "secret" not in off.render_text(off.messages + msgs)
+        and "Four." in off.render_text()
+    )
     text, chunks = run(off, "hello")
-    assert chunks[-1].stats.generation_tokens == 3 and off.messages[-1]["content"] == text
+    assert (
+        chunks[-1].stats.generation_tokens == 3 and off.messages[-1]["content"] == text
+    )
 
 
 def test_byte_template_has_no_thinking_switch(pair):
@@ -241,7 +284,11 @@ def test_resolve_models_with_registry(monkeypatch):
     monkeypatch.setitem(sys.modules, "dflash_mlx.registry", reg)
     assert resolve_models("org/T", None) == ("org/T", "org/T-DFlash", None)
     assert resolve_models("org/T", "my/draft") == ("org/T", "my/draft", None)
-    assert resolve_models("org/U", None) == ("org/U", None, "no drafter: plain decoding; pass --draft")
+    assert resolve_models("org/U", None) == (
+        "org/U",
+        None,
+        "no drafter: plain decoding; pass --draft",
+    )
     assert resolve_models("org/T", None, no_draft=True)[1] is None
 
 
@@ -250,6 +297,9 @@ def test_resolve_models_default(monkeypatch):
     with pytest.raises(ValueError, match="--model"):
         resolve_models(None, None)
     fake = types.ModuleType("dflash_mlx.defaults")
-    fake.default_target, fake.default_draft = (lambda: "org/Default"), (lambda: "org/Default-D")
+    fake.default_target, fake.default_draft = (
+        (lambda: "org/Default"),
+        (lambda: "org/Default-D"),
+    )
     monkeypatch.setitem(sys.modules, "dflash_mlx.defaults", fake)
     assert resolve_models(None, None) == ("org/Default", "org/Default-D", None)

@@ -7,7 +7,6 @@ import sys
 import pexpect
 import pytest
 
-
 PROMPT = ">>> "
 TIMEOUT = 60
 
@@ -20,9 +19,15 @@ def paths(tiny_pair):
 
 def spawn(*args):
     env = {**os.environ, "TERM": "xterm-256color", "COLUMNS": "140", "LINES": "40"}
-    child = pexpect.spawn(sys.executable, ["-m", "dflash_mlx.cli.main", "chat", *map(str, args)],
-                          env=env, dimensions=(40, 140), timeout=TIMEOUT, encoding="utf-8",
-                          codec_errors="replace")
+    child = pexpect.spawn(
+        sys.executable,
+        ["-m", "dflash_mlx.cli.main", "chat", *map(str, args)],
+        env=env,
+        dimensions=(40, 140),
+        timeout=TIMEOUT,
+        encoding="utf-8",
+        codec_errors="replace",
+    )
     child.expect("Type /help")
     child.expect_exact(PROMPT)
     return child
@@ -93,8 +98,14 @@ def test_chat_session_in_a_terminal(paths, tmp_path):
     assert users[-2:] == ["line one\nline two", "first half \nsecond half"]
     answers = [m for m in data["messages"] if m["role"] == "assistant"]
     assert answers[0]["interrupted"] is True and answers[0]["content"]
-    assert [a["stats"]["mode"] for a in answers] == ["dflash", "dflash", "plain", "dflash",
-                                                     "dflash", "dflash"]
+    assert [a["stats"]["mode"] for a in answers] == [
+        "dflash",
+        "dflash",
+        "plain",
+        "dflash",
+        "dflash",
+        "dflash",
+    ]
     assert "*[interrupted]*" in (tmp_path / "chat.md").read_text()
 
 

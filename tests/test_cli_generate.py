@@ -17,7 +17,9 @@ def paths(tiny_pair):
 
 
 def invoke(*args, input=None):
-    return runner.invoke(app, [str(a) for a in args], input=input, catch_exceptions=False)
+    return runner.invoke(
+        app, [str(a) for a in args], input=input, catch_exceptions=False
+    )
 
 
 def test_generate_text_to_stdout_stats_to_stderr(paths):
@@ -30,14 +32,24 @@ def test_generate_text_to_stdout_stats_to_stderr(paths):
 
 def test_generate_json_record_and_lossless_against_plain(paths):
     t, d = paths
-    a = json.loads(invoke("generate", "-p", "Tell me", "-m", t, "-d", d, "-n", 24, "--json").stdout)
-    b = json.loads(invoke("generate", "-p", "Tell me", "-m", t, "--no-draft", "-n", 24,
-                          "--json").stdout)
+    a = json.loads(
+        invoke("generate", "-p", "Tell me", "-m", t, "-d", d, "-n", 24, "--json").stdout
+    )
+    b = json.loads(
+        invoke(
+            "generate", "-p", "Tell me", "-m", t, "--no-draft", "-n", 24, "--json"
+        ).stdout
+    )
     assert a["mode"] == "dflash" and a["block_size"] == "auto" and a["draft"] == d
     assert b["mode"] == "plain" and b["draft"] is None and b["block_size"] == 1
     for rec in (a, b):
-        assert rec["finish_reason"] in ("stop", "length") and 0 < rec["generation_tokens"] <= 24
-        assert rec["prompt_tokens"] > 0 and rec["generation_tps"] > 0 and rec["ttft_s"] > 0
+        assert (
+            rec["finish_reason"] in ("stop", "length")
+            and 0 < rec["generation_tokens"] <= 24
+        )
+        assert (
+            rec["prompt_tokens"] > 0 and rec["generation_tps"] > 0 and rec["ttft_s"] > 0
+        )
     assert a["text"] == b["text"]  # greedy speculative output equals plain decoding
     assert a["generation_tokens"] == b["generation_tokens"]
     assert a["mean_acceptance"] >= 1
@@ -45,16 +57,37 @@ def test_generate_json_record_and_lossless_against_plain(paths):
 
 def test_generate_reads_stdin_and_block_size(paths):
     t, d = paths
-    piped = invoke("generate", "-p", "-", "-m", t, "-d", d, "-n", 8, "-b", 3, "--json",
-                   input="Tell me")
-    direct = invoke("generate", "-p", "Tell me", "-m", t, "-d", d, "-n", 8, "-b", 3, "--json")
+    piped = invoke(
+        "generate",
+        "-p",
+        "-",
+        "-m",
+        t,
+        "-d",
+        d,
+        "-n",
+        8,
+        "-b",
+        3,
+        "--json",
+        input="Tell me",
+    )
+    direct = invoke(
+        "generate", "-p", "Tell me", "-m", t, "-d", d, "-n", 8, "-b", 3, "--json"
+    )
     a, b = json.loads(piped.stdout), json.loads(direct.stdout)
-    assert a["block_size"] == 3 and a["text"] == b["text"] and a["prompt_tokens"] == b["prompt_tokens"]
+    assert (
+        a["block_size"] == 3
+        and a["text"] == b["text"]
+        and a["prompt_tokens"] == b["prompt_tokens"]
+    )
 
 
 def test_generate_raw_skips_the_chat_template(paths):
     t, _ = paths
-    raw = json.loads(invoke("generate", "-p", "Hi", "-m", t, "--raw", "-n", 2, "--json").stdout)
+    raw = json.loads(
+        invoke("generate", "-p", "Hi", "-m", t, "--raw", "-n", 2, "--json").stdout
+    )
     chat = json.loads(invoke("generate", "-p", "Hi", "-m", t, "-n", 2, "--json").stdout)
     assert raw["prompt_tokens"] == 2 and chat["prompt_tokens"] > 10
 
@@ -71,8 +104,21 @@ def test_generate_errors_are_clean(paths):
 
 def test_chat_without_a_terminal_streams_plain_text(paths, tmp_path):
     t, d = paths
-    script = "\n".join(["Hello", "/temp 0.5", "/stats", "/draft off", "Again", "/bogus",
-                        f"/save {tmp_path / 'c.json'}", "/exit"]) + "\n"
+    script = (
+        "\n".join(
+            [
+                "Hello",
+                "/temp 0.5",
+                "/stats",
+                "/draft off",
+                "Again",
+                "/bogus",
+                f"/save {tmp_path / 'c.json'}",
+                "/exit",
+            ]
+        )
+        + "\n"
+    )
     r = invoke("chat", "-m", t, "-d", d, "-n", 6, input=script)
     assert r.exit_code == 0, r.output
     assert "\x1b[" not in r.stdout  # no live widgets, no escape codes
@@ -80,8 +126,9 @@ def test_chat_without_a_terminal_streams_plain_text(paths, tmp_path):
     assert "Unknown command /bogus" in r.stdout
     assert r.stderr.count("gen 6 tok") == 2  # per-turn summaries go to stderr
     data = json.loads((tmp_path / "c.json").read_text())
-    assert [m["stats"]["mode"] for m in data["messages"] if m["role"] == "assistant"] == \
-        ["dflash", "plain"]
+    assert [
+        m["stats"]["mode"] for m in data["messages"] if m["role"] == "assistant"
+    ] == ["dflash", "plain"]
 
 
 def test_chat_eof_exits_zero_and_no_drafter_note(paths):

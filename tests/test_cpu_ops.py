@@ -4,11 +4,13 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-
 import tiny
+
 from dflash_mlx import Target, cpu_ops, load
 
-pytestmark = pytest.mark.skipif(not cpu_ops.enabled(), reason="cpu_ops is the CPU-only path")
+pytestmark = pytest.mark.skipif(
+    not cpu_ops.enabled(), reason="cpu_ops is the CPU-only path"
+)
 
 
 def test_exp_is_accurate_over_the_float32_range():
@@ -20,13 +22,22 @@ def test_exp_is_accurate_over_the_float32_range():
 
 def test_exp_limits():
     x = mx.array([-mx.inf, -1e4, -88.0, 89.0, 1e4, mx.inf, 0.0])
-    assert cpu_ops._exp(x).tolist() == [0.0, 0.0, 0.0, float("inf"), float("inf"),
-                                        float("inf"), 1.0]
+    assert cpu_ops._exp(x).tolist() == [
+        0.0,
+        0.0,
+        0.0,
+        float("inf"),
+        float("inf"),
+        float("inf"),
+        1.0,
+    ]
 
 
 def test_swiglu_and_softmax_match_mlx():
     gate, up = mx.random.normal((2, 8, 96)) * 6, mx.random.normal((2, 8, 96))
-    assert mx.allclose(cpu_ops.swiglu(gate, up), nn.silu(gate) * up, atol=1e-5, rtol=1e-5)
+    assert mx.allclose(
+        cpu_ops.swiglu(gate, up), nn.silu(gate) * up, atol=1e-5, rtol=1e-5
+    )
     logits = mx.random.normal((7, 300)) * 8
     assert mx.allclose(cpu_ops.softmax(logits), mx.softmax(logits, axis=-1), atol=1e-6)
 
@@ -62,7 +73,10 @@ def test_standard_blocks_match_mlx_lm(models_dir, family):
     model, _ = load(str(path))
     target = Target(model)
     assert all(target._standard) and target._rope is not None
-    prompt, block = mx.array([[5, 17, 99, 3, 42, 42, 7]]), mx.array([[11, 12, 13, 14, 15, 16]])
+    prompt, block = (
+        mx.array([[5, 17, 99, 3, 42, 42, 7]]),
+        mx.array([[11, 12, 13, 14, 15, 16]]),
+    )
     ours, theirs = target.make_cache(), make_prompt_cache(model)
     target(prompt, ours)
     model(prompt, cache=theirs)
@@ -75,7 +89,9 @@ def test_standard_blocks_match_mlx_lm(models_dir, family):
 @pytest.mark.parametrize("offset", [0, 300, 9000])
 def test_rope_table_equals_mlx_rope(base, scale, offset):
     rope = nn.RoPE(32, traditional=False, base=base, scale=scale)
-    x = mx.random.normal((1, 5, 3, 32))  # (B, L, H, D): the layout before the head transpose
+    x = mx.random.normal(
+        (1, 5, 3, 32)
+    )  # (B, L, H, D): the layout before the head transpose
     expected = rope(x.transpose(0, 2, 1, 3), offset=offset).transpose(0, 2, 1, 3)
     got = cpu_ops.rope(x, cpu_ops.rope_table(32, base, scale, offset, 5))
     assert mx.array_equal(got, expected)

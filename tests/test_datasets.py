@@ -17,7 +17,9 @@ def test_bundled_set_loads_whole(name):
     assert len(samples) == SIZES[name]
     assert len({s.id for s in samples}) == len(samples)
     turns = 2 if name == "mt-bench" else 1
-    assert all(len(s.turns) == turns and all(t.strip() for t in s.turns) for s in samples)
+    assert all(
+        len(s.turns) == turns and all(t.strip() for t in s.turns) for s in samples
+    )
     assert all(s.dataset == name for s in samples)
 
 
@@ -30,15 +32,25 @@ def test_formats_match_the_reference_benchmark():
     m = ds.load_dataset("math500")
     assert all(s.turns[0].endswith(REASON) for s in m)
     h = {s.id: s for s in ds.load_dataset("humaneval")}["HumanEval/0"]
-    assert h.turns[0].startswith("Write a solution to the following problem and make sure that "
-                                 "it passes the tests:\n```python\nfrom typing import List\n")
+    assert h.turns[0].startswith(
+        "Write a solution to the following problem and make sure that "
+        "it passes the tests:\n```python\nfrom typing import List\n"
+    )
     assert h.turns[0].endswith("\n```")
     mb = {s.id: s for s in ds.load_dataset("mbpp")}
     assert set(map(int, mb)) <= set(range(11, 511)) and "2" not in mb
-    assert mb["11"].turns[0] == "Write a python function to remove first and last occurrence of a given character from the string."
+    assert (
+        mb["11"].turns[0]
+        == "Write a python function to remove first and last occurrence of a given character from the string."
+    )
     mt = {s.id: s for s in ds.load_dataset("mt-bench")}["81"]
-    assert mt.turns[0].startswith("Compose an engaging travel blog post about a recent trip to Hawaii")
-    assert mt.turns[1] == "Rewrite your previous response. Start every sentence with the letter A."
+    assert mt.turns[0].startswith(
+        "Compose an engaging travel blog post about a recent trip to Hawaii"
+    )
+    assert (
+        mt.turns[1]
+        == "Rewrite your previous response. Start every sentence with the letter A."
+    )
 
 
 def test_draw_is_the_reference_shuffle_and_seeded():
@@ -46,7 +58,9 @@ def test_draw_is_the_reference_shuffle_and_seeded():
     assert whole[0].id == "HumanEval/0"
     order = list(range(len(whole)))
     random.Random(42).shuffle(order)
-    assert [s.id for s in ds.load_dataset("humaneval", 5)] == [whole[i].id for i in order[:5]]
+    assert [s.id for s in ds.load_dataset("humaneval", 5)] == [
+        whole[i].id for i in order[:5]
+    ]
     assert ds.load_dataset("humaneval", 5, seed=42) == ds.load_dataset("humaneval", 5)
     assert ds.load_dataset("humaneval", 5, seed=7) != ds.load_dataset("humaneval", 5)
     assert len(ds.load_dataset("mt-bench", 1000)) == 80
@@ -66,22 +80,32 @@ def test_resolve_names_all_and_paths(tmp_path):
 
 def test_custom_jsonl(tmp_path):
     f = tmp_path / "prompts.jsonl"
-    rows = ['"a plain string"', json.dumps({"prompt": "one turn", "id": "x1", "answer": "42"}),
-            "", json.dumps({"turns": ["first", "second"]})]
+    rows = [
+        '"a plain string"',
+        json.dumps({"prompt": "one turn", "id": "x1", "answer": "42"}),
+        "",
+        json.dumps({"turns": ["first", "second"]}),
+    ]
     f.write_text("\n".join(rows) + "\n")
     samples = ds.load_dataset(str(f))
-    assert sorted(s.turns for s in samples) == [("a plain string",), ("first", "second"),
-                                                ("one turn",)]
+    assert sorted(s.turns for s in samples) == [
+        ("a plain string",),
+        ("first", "second"),
+        ("one turn",),
+    ]
     assert {s.dataset for s in samples} == {"prompts"}
     assert next(s for s in samples if s.id == "x1").answer == "42"
 
 
-@pytest.mark.parametrize("line, match", [
-    ("{not json", "line 2 is not valid JSON"),
-    ('{"text": "no prompt field"}', "line 2: each line must be"),
-    ('{"turns": ["ok", ""]}', "line 2: each line must be"),
-    ("17", "line 2: each line must be"),
-])
+@pytest.mark.parametrize(
+    "line, match",
+    [
+        ("{not json", "line 2 is not valid JSON"),
+        ('{"text": "no prompt field"}', "line 2: each line must be"),
+        ('{"turns": ["ok", ""]}', "line 2: each line must be"),
+        ("17", "line 2: each line must be"),
+    ],
+)
 def test_custom_jsonl_errors_name_the_line(tmp_path, line, match):
     f = tmp_path / "bad.jsonl"
     f.write_text('"fine"\n' + line + "\n")

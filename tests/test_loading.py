@@ -5,8 +5,8 @@ import shutil
 
 import mlx.core as mx
 import pytest
-
 import tiny
+
 from dflash_mlx import check_compatible, load, load_draft, stream_generate
 
 
@@ -23,13 +23,19 @@ def loaded_target(target):
     return load(str(target))
 
 
-@pytest.mark.parametrize("overrides, message", [
-    (dict(hidden_size=32), "hidden size 32 vs 64"),
-    (dict(vocab_size=300), "vocabulary 300 vs 272"),
-    (dict(target_layer_ids=[1, 7]), "outside 0..3"),
-    (dict(num_target_layers=36, target_layer_ids=[1, 2]), "expects 36 target layers"),
-    (dict(mask_token_id=5000), "mask_token_id 5000"),
-])
+@pytest.mark.parametrize(
+    "overrides, message",
+    [
+        (dict(hidden_size=32), "hidden size 32 vs 64"),
+        (dict(vocab_size=300), "vocabulary 300 vs 272"),
+        (dict(target_layer_ids=[1, 7]), "outside 0..3"),
+        (
+            dict(num_target_layers=36, target_layer_ids=[1, 2]),
+            "expects 36 target layers",
+        ),
+        (dict(mask_token_id=5000), "mask_token_id 5000"),
+    ],
+)
 def test_drafter_that_does_not_fit(tmp_path, target, loaded_target, overrides, message):
     d = tiny.make_draft(tmp_path / "d", target, **overrides)
     model, tok = loaded_target
@@ -97,14 +103,18 @@ def test_offline_without_cache(monkeypatch, tmp_path):
 
     monkeypatch.setattr(c, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(c, "HF_HUB_CACHE", str(tmp_path / "hub"))
-    with pytest.raises(ValueError, match="not in the local Hugging Face cache and HF_HUB_OFFLINE"):
+    with pytest.raises(
+        ValueError, match="not in the local Hugging Face cache and HF_HUB_OFFLINE"
+    ):
         load("z-lab/Qwen3-4B-DFlash-b16")
     with pytest.raises(ValueError, match="hf download z-lab/Qwen3-4B-DFlash-b16"):
         load_draft("z-lab/Qwen3-4B-DFlash-b16")
 
 
 def test_bad_paths():
-    with pytest.raises(ValueError, match="neither an existing folder nor a Hugging Face repo id"):
+    with pytest.raises(
+        ValueError, match="neither an existing folder nor a Hugging Face repo id"
+    ):
         load("./no/such/folder")
     with pytest.raises(ValueError, match="is a file"):
         load_draft(__file__)

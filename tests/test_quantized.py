@@ -2,17 +2,18 @@
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx_lm
 import pytest
-
 import tiny
-from dflash_mlx import load, load_draft, stream_generate
-from dflash_mlx.draft import WindowedKVCache
 from oracles import OracleDraft
 from test_generate import long_prompt, plain, spec
 
+from dflash_mlx import load, load_draft
+from dflash_mlx.draft import WindowedKVCache
 
-@pytest.mark.parametrize("family", ["llama", "qwen3", "qwen3_5", "qwen3_moe", "gemma4_text", "gpt_oss"])
+
+@pytest.mark.parametrize(
+    "family", ["llama", "qwen3", "qwen3_5", "qwen3_moe", "gemma4_text", "gpt_oss"]
+)
 @pytest.mark.parametrize("bits, mixed", [(4, False), (8, False), (4, True)])
 def test_quantized_target_is_lossless(models_dir, tiny_pair, family, bits, mixed):
     t, d = tiny_pair(family)
@@ -52,7 +53,9 @@ def test_quantized_draft(tiny_pair, bits, min_agreement):
     for drafter in (full, quant):
         cache = drafter.make_cache()
         drafter.absorb(features, cache)
-        picks.append(mx.argmax(target.logits(drafter(target.embed(block), cache)), axis=-1))
+        picks.append(
+            mx.argmax(target.logits(drafter(target.embed(block), cache)), axis=-1)
+        )
     agreement = mx.mean(picks[0] == picks[1]).item()
     assert agreement >= min_agreement, agreement
 
@@ -67,12 +70,16 @@ def test_stored_quantized_draft_checkpoint(tmp_path, tiny_pair):
     quant = load_draft(str(d), bits=4)
     q = tmp_path / "q4"
     q.mkdir()
-    mx.save_safetensors(str(q / "model.safetensors"), dict(tree_flatten(quant.parameters())))
+    mx.save_safetensors(
+        str(q / "model.safetensors"), dict(tree_flatten(quant.parameters()))
+    )
     config = json.loads((d / "config.json").read_text())
     config["quantization"] = {"group_size": 64, "bits": 4}
     (q / "config.json").write_text(json.dumps(config))
     again = load_draft(str(q))
-    for (k1, v1), (k2, v2) in zip(tree_flatten(quant.parameters()), tree_flatten(again.parameters())):
+    for (k1, v1), (k2, v2) in zip(
+        tree_flatten(quant.parameters()), tree_flatten(again.parameters())
+    ):
         assert k1 == k2 and mx.array_equal(v1, v2)
     shutil.rmtree(q)
 
@@ -81,7 +88,9 @@ def test_float16_draft_never_runs_in_float16(tmp_path, tiny_pair):
     t, _ = tiny_pair("llama")
     d = tiny.make_draft(tmp_path / "d16", t)
     w = mx.load(str(d / "model.safetensors"))
-    mx.save_safetensors(str(d / "model.safetensors"), {k: v.astype(mx.float16) for k, v in w.items()})
+    mx.save_safetensors(
+        str(d / "model.safetensors"), {k: v.astype(mx.float16) for k, v in w.items()}
+    )
     draft = load_draft(str(d))
     # bfloat16 on a GPU (float16 overflows), float32 on the CPU (half precision is slow there)
     assert draft.dtype == (mx.float32 if mx.default_device() == mx.cpu else mx.bfloat16)
@@ -105,8 +114,9 @@ def test_bounded_draft_context(tiny_pair, family):
     from dflash_mlx import make_prompt_cache
 
     cache = make_prompt_cache(model, drafter)
-    out, responses = spec(model, drafter, tok, prompt, max_tokens=30, block_size=8,
-                          prompt_cache=cache)
+    out, responses = spec(
+        model, drafter, tok, prompt, max_tokens=30, block_size=8, prompt_cache=cache
+    )
     assert out == ref and max(r.accepted for r in responses[1:]) == 8
     assert all(isinstance(c, WindowedKVCache) and c.size() <= 5 for c in cache.draft)
     assert all(c.offset == len(cache.tokens) for c in cache.draft)

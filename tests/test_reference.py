@@ -1,13 +1,12 @@
 """Parity with the reference implementation (`dflash` 0.1.0, `dflash.model_mlx`)."""
 
-
 import mlx.core as mx
 import pytest
-from mlx.utils import tree_flatten
-
 import tiny
-from dflash_mlx import Target, load, load_draft, stream_generate
+from mlx.utils import tree_flatten
 from oracles import OracleDraft, proposal_logits
+
+from dflash_mlx import Target, load, load_draft, stream_generate
 
 ref = pytest.importorskip("dflash.model_mlx")  # installed by the test extra
 
@@ -22,9 +21,13 @@ def reference_draft(draft, cls=None):
 
 VARIANTS = {
     "plain": {},
-    "sliding": dict(layer_types=["sliding_attention", "full_attention"], sliding_window=6),
+    "sliding": dict(
+        layer_types=["sliding_attention", "full_attention"], sliding_window=6
+    ),
     "causal": dict(is_causal=True),
-    "scaled": dict(output_multiplier=0.5, final_logit_softcapping=3.0, input_embedding_scale=1.5),
+    "scaled": dict(
+        output_multiplier=0.5, final_logit_softcapping=3.0, input_embedding_scale=1.5
+    ),
 }
 
 
@@ -51,7 +54,9 @@ def test_draft_logits_match_reference(models_dir, variant):
         h = target.embed(block) * draft.args.input_embedding_scale
         ours = draft.finalize_logits(target.logits(draft(h, ours_cache)[:, 1:]))
         expected = theirs(block, features, their_cache, logits_start=1)
-        assert mx.allclose(ours, expected, atol=2e-4, rtol=1e-4), float(mx.abs(ours - expected).max())
+        assert mx.allclose(ours, expected, atol=2e-4, rtol=1e-4), float(
+            mx.abs(ours - expected).max()
+        )
 
 
 class RefOracle(ref.DFlashDraftModel):
@@ -62,8 +67,9 @@ class RefOracle(ref.DFlashDraftModel):
     def __call__(self, inputs, target_hidden, cache, logits_start=0):
         pos = cache[0].offset + target_hidden.shape[1]
         super().__call__(inputs, target_hidden, cache, logits_start)
-        return proposal_logits(self.reference, pos, inputs.shape[1], self.config.vocab_size,
-                               self.wrong)[None]
+        return proposal_logits(
+            self.reference, pos, inputs.shape[1], self.config.vocab_size, self.wrong
+        )[None]
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
@@ -75,16 +81,33 @@ def test_block_by_block_acceptance_matches_reference(tiny_pair, family, block_si
     tok.eos_token_ids = set()
     draft = load_draft(str(d))
     prompt = tok.encode("1, 2, 3, 4,")
-    greedy = [t for r in stream_generate(model, None, tok, prompt, max_tokens=48) for t in r.tokens]
+    greedy = [
+        t
+        for r in stream_generate(model, None, tok, prompt, max_tokens=48)
+        for t in r.tokens
+    ]
     wrong = lambda k, i: i % 7 == 0 or i % 11 == 0  # noqa: E731
     ours = OracleDraft(draft.args, prompt + greedy, wrong)
     ours.update(draft.parameters())
     theirs = reference_draft(draft, lambda c: RefOracle(c, prompt + greedy, wrong))
 
-    mine = list(stream_generate(model, ours, tok, prompt, block_size=block_size, max_tokens=48))
-    their = list(ref.stream_generate(their_model, theirs, tok, prompt, block_size=block_size,
-                                     max_tokens=48))
-    assert [t for r in mine for t in r.tokens] == [t for r in their for t in r.tokens] == greedy
+    mine = list(
+        stream_generate(model, ours, tok, prompt, block_size=block_size, max_tokens=48)
+    )
+    their = list(
+        ref.stream_generate(
+            their_model, theirs, tok, prompt, block_size=block_size, max_tokens=48
+        )
+    )
+    assert (
+        [t for r in mine for t in r.tokens]
+        == [t for r in their for t in r.tokens]
+        == greedy
+    )
     # the final block may differ: the reference drafts one token past max_tokens
-    assert [r.accepted for r in mine[:-2]] == [r.accepted for r in their[: len(mine) - 2]]
-    assert len({r.accepted for r in mine[1:-1]}) > 1  # varied acceptance, not one pattern
+    assert [r.accepted for r in mine[:-2]] == [
+        r.accepted for r in their[: len(mine) - 2]
+    ]
+    assert (
+        len({r.accepted for r in mine[1:-1]}) > 1
+    )  # varied acceptance, not one pattern

@@ -1,14 +1,13 @@
 """End to end: speculative sampling through stream_generate has the target's distribution."""
 
-import itertools
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from test_verify import chi2, chi2_critical
 
 from dflash_mlx import SamplingParams, load, load_draft, stream_generate
 from dflash_mlx.draft import Model
-from test_verify import chi2, chi2_critical
 
 
 class CloseDraft(Model):
@@ -39,7 +38,9 @@ class ConfidenceCut:
         return 3 if limit is None else max(1, min(3, limit))
 
     def cut(self, confidence):
-        keep = next((i for i, c in enumerate(confidence) if c < self.threshold), len(confidence))
+        keep = next(
+            (i for i, c in enumerate(confidence) if c < self.threshold), len(confidence)
+        )
         self.kept.append(keep)
         return keep
 
@@ -75,12 +76,24 @@ def test_sampled_generation_matches_target_distribution(tiny_pair, cut):
     counts = np.zeros(len(outcomes))
     accepted = 0
     # The drafter's top probability after each first token; cut below their median.
-    tops = [float(params.probs(model(mx.array([prompt + [int(a)]]))[0, -1] * 1.7).max())
-            for a in np.flatnonzero(p1)]
+    tops = [
+        float(params.probs(model(mx.array([prompt + [int(a)]]))[0, -1] * 1.7).max())
+        for a in np.flatnonzero(p1)
+    ]
     policy = ConfidenceCut(float(np.median(tops))) if cut else 3
     for _ in range(1500):
-        responses = list(stream_generate(model, close, tok, prompt, block_size=policy,
-                                         max_tokens=3, temperature=1.0, top_k=3))
+        responses = list(
+            stream_generate(
+                model,
+                close,
+                tok,
+                prompt,
+                block_size=policy,
+                max_tokens=3,
+                temperature=1.0,
+                top_k=3,
+            )
+        )
         seq = tuple(t for r in responses for t in r.tokens)
         counts[outcomes.index(seq)] += 1
         accepted += responses[1].from_draft

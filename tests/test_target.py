@@ -2,10 +2,10 @@
 
 import mlx.core as mx
 import pytest
-
 import tiny
-from dflash_mlx import Target, load
 from numerics import assert_close, error_ratio
+
+from dflash_mlx import Target, load
 
 FAMILIES = ["llama", "qwen3_5", "qwen3_5_moe", "gemma4_text", "gemma4", "gpt_oss"]
 PROMPT = mx.array([[5, 17, 99, 3, 42, 42, 7, 250, 1, 64]])
@@ -75,7 +75,9 @@ def test_rollback_equals_fresh_run(targets, family, keep):
     fresh = _fresh(target, BLOCK[:, :keep])
     if keep == 0:  # nothing replayed: the pre-block state, bit for bit
         for x, y in zip(before, _states(spec)):
-            assert x[:2] == y[:2] and all(mx.array_equal(u, v) for u, v in zip(x[2], y[2]))
+            assert x[:2] == y[:2] and all(
+                mx.array_equal(u, v) for u, v in zip(x[2], y[2])
+            )
     assert _worst(spec, fresh) <= 1.0
 
     # and the next forward from the rolled-back cache matches the fresh one
@@ -97,8 +99,12 @@ def test_wrong_rollbacks_fail_the_tolerance(targets, family):
     if target.recurrent:  # one token too many replayed: KV offsets catch the rest
         spec, _ = _verify_then_rollback(target, keep + 1)
         states = zip(_states(spec), _states(_fresh(target, BLOCK[:, :keep])))
-        worst = max(error_ratio(u, v, 1) for x, y in states if x[0] == "delta"
-                    for u, v in zip(x[2], y[2]))
+        worst = max(
+            error_ratio(u, v, 1)
+            for x, y in states
+            if x[0] == "delta"
+            for u, v in zip(x[2], y[2])
+        )
         assert worst > 100
 
 
@@ -126,4 +132,6 @@ def test_logits_match_the_model(targets):
         tokens = mx.array([[9, 8, 7, 6, 5]])
         hidden, _ = target(tokens, target.make_cache())
         depth = target.num_layers + 1
-        assert_close(target.logits(hidden), target.model(tokens), depth, target.model_type)
+        assert_close(
+            target.logits(hidden), target.model(tokens), depth, target.model_type
+        )

@@ -7,8 +7,13 @@ import numpy as np
 import pytest
 
 from dflash_mlx import Target, load, load_draft
-from dflash_mlx.train.blocks import (default_gamma, make_blocks, packed_mask, position_weights,
-                                     sample_anchors)
+from dflash_mlx.train.blocks import (
+    default_gamma,
+    make_blocks,
+    packed_mask,
+    position_weights,
+    sample_anchors,
+)
 from dflash_mlx.train.packed import block_loss, embed_blocks, packed_hidden
 
 
@@ -19,7 +24,9 @@ def test_anchors_stay_inside_the_response():
         assert len(a) == 10 and len(set(a.tolist())) == 10
         assert a.min() >= 7 and a.max() <= 28 and (np.diff(a) > 0).all()
     assert len(sample_anchors(rng, 7, 12, n=100)) == 4  # positions 7..10 only
-    assert len(sample_anchors(rng, 7, 8, n=5)) == 0  # one response token: nothing to predict
+    assert (
+        len(sample_anchors(rng, 7, 8, n=5)) == 0
+    )  # one response token: nothing to predict
 
 
 def test_block_inputs_labels_and_weights():
@@ -56,7 +63,9 @@ def test_mask_blocks_see_only_their_past_context_and_themselves():
             others = [c for c in range(C, C + 12) if c not in own]
             assert not row[others].any()
     causal = np.array(packed_mask(anchors, B, C, causal=True, window=4))
-    row = causal[1 * B + 2]  # block at 5, query at position 7: context 4 only (< 5, window 4)
+    row = causal[
+        1 * B + 2
+    ]  # block at 5, query at position 7: context 4 only (< 5, window 4)
     assert row[:C].tolist() == [k == 4 for k in range(C)]
     assert row[C + B : C + 2 * B].tolist() == [True, True, True, False]
 
@@ -99,7 +108,9 @@ def test_a_block_cannot_see_its_future_context_or_another_block(setup):
     noisy_e = mx.concatenate([emb[:1] + 3.0, emb[1:2], emb[2:] - 3.0])
     moved = packed_hidden(draft, noisy_f, noisy_e, anchors)
     assert mx.allclose(moved[1], base[1], atol=1e-5).item()  # block at 20 unaffected
-    assert not mx.allclose(moved[2], base[2], atol=1e-3).item()  # sanity: the others change
+    assert not mx.allclose(
+        moved[2], base[2], atol=1e-3
+    ).item()  # sanity: the others change
     assert not mx.allclose(moved[0], base[0], atol=1e-3).item()
 
 
@@ -109,7 +120,9 @@ def test_loss_is_weight_normalised_cross_entropy(setup):
     blocks = make_blocks(ids, anchors, 8, draft.args.mask_token_id)
     loss, wsum, _ = block_loss(target, draft, features[:, :16], blocks)
     emb = embed_blocks(target, draft, blocks.inputs)
-    logits = draft.finalize_logits(target.logits(packed_hidden(draft, features[:, :16], emb, anchors)[:, 1:]))
+    logits = draft.finalize_logits(
+        target.logits(packed_hidden(draft, features[:, :16], emb, anchors)[:, 1:])
+    )
     logp = np.array(logits - mx.logsumexp(logits, axis=-1, keepdims=True))
     ce = -np.take_along_axis(logp, blocks.labels[:, 1:, None], -1)[..., 0]
     w = blocks.weights[:, 1:]
@@ -118,15 +131,22 @@ def test_loss_is_weight_normalised_cross_entropy(setup):
 
 
 def test_packed_forward_equals_inference_with_sliding_layers(tiny_pair):
-    t, d = tiny_pair("llama", num_layers=2, block_size=4,
-                     layer_types=("sliding_attention", "full_attention"), sliding_window=5)
+    t, d = tiny_pair(
+        "llama",
+        num_layers=2,
+        block_size=4,
+        layer_types=("sliding_attention", "full_attention"),
+        sliding_window=5,
+    )
     model, _ = load(str(t))
     draft = load_draft(str(d))
     target = Target(model, draft.args.target_layer_ids)
     ids = np.random.default_rng(1).integers(0, 256, 30)
     _, features = target(mx.array(ids)[None], target.make_cache())
     anchors = np.array([3, 11, 25])
-    emb = embed_blocks(target, draft, make_blocks(ids, anchors, 4, draft.args.mask_token_id).inputs)
+    emb = embed_blocks(
+        target, draft, make_blocks(ids, anchors, 4, draft.args.mask_token_id).inputs
+    )
     h = packed_hidden(draft, features[:, :25], emb, anchors)
     for i, a in enumerate(anchors):
         cache = draft.make_cache()

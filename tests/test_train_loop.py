@@ -4,7 +4,6 @@ import json
 from collections import Counter
 
 import mlx.core as mx
-import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 from typer.testing import CliRunner
@@ -23,7 +22,10 @@ def setup(tiny_pair, tmp_path_factory):
     t, _ = tiny_pair("llama")
     model, tok = load(str(t))
     folder = tmp_path_factory.mktemp("train")
-    prompts = [Prompt(f"q{i}", [{"role": "user", "content": f"tell me about {i}"}]) for i in range(3)]
+    prompts = [
+        Prompt(f"q{i}", [{"role": "user", "content": f"tell me about {i}"}])
+        for i in range(3)
+    ]
     list(regenerate(model, tok, prompts, folder / "responses.jsonl", max_tokens=24))
     samples = samples_for_training(read_samples(folder / "responses.jsonl"))
     args = new_drafter_args(Target(model), num_layers=1, block_size=8)
@@ -34,8 +36,17 @@ def setup(tiny_pair, tmp_path_factory):
 def _trainer(setup, folder, seed=0, **cfg):
     _, _, tok, target, args, samples = setup
     store = FeatureStore(target, samples, "fly", folder)
-    config = TrainConfig(**{"steps": 4, "batch_size": 2, "anchors": 8, "lr": 1e-3,
-                            "val_every": 0, "save_every": 0, **cfg})
+    config = TrainConfig(
+        **{
+            "steps": 4,
+            "batch_size": 2,
+            "anchors": 8,
+            "lr": 1e-3,
+            "val_every": 0,
+            "save_every": 0,
+            **cfg,
+        }
+    )
     return Trainer(target, new_drafter(args, seed), tok, samples, store, config, folder)
 
 
@@ -68,14 +79,19 @@ def test_checkpoint_resume_reproduces_the_same_state(setup, tmp_path):
     first.train_step()
     first.train_step()
     first.save()
-    resumed = _trainer(setup, tmp_path / "b", seed=123)  # a different init is overwritten
+    resumed = _trainer(
+        setup, tmp_path / "b", seed=123
+    )  # a different init is overwritten
     assert resumed.resume() == 2
     events = list(resumed.run())
     assert resumed.step == 4 and events[0].step == 3
     a, b = _params(straight.draft), _params(resumed.draft)
     for k in a:
         assert mx.allclose(a[k], b[k], atol=1e-6).item(), k
-    sa, sb = dict(tree_flatten(straight.optimizer.state)), dict(tree_flatten(resumed.optimizer.state))
+    sa, sb = (
+        dict(tree_flatten(straight.optimizer.state)),
+        dict(tree_flatten(resumed.optimizer.state)),
+    )
     assert sa.keys() == sb.keys()
     for k in sa:
         assert mx.allclose(sa[k], sb[k], atol=1e-6).item(), k
@@ -110,11 +126,16 @@ def test_cached_features_equal_on_the_fly(setup, tmp_path):
 def test_exported_drafter_loads_here_and_in_the_reference(setup, tmp_path, monkeypatch):
     _, model, _, target, args, _ = setup
     draft = new_drafter(args, seed=3)
-    out = export_drafter(draft, tmp_path / "drafter", {"target": "tiny", "tau": 1.5, "steps": 7})
+    out = export_drafter(
+        draft, tmp_path / "drafter", {"target": "tiny", "tau": 1.5, "steps": 7}
+    )
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == ["DFlashDraftModel"]
     assert config["dflash_config"]["target_layer_ids"] == args.target_layer_ids
-    assert "τ" in (out / "README.md").read_text() and "1.50" in (out / "README.md").read_text()
+    assert (
+        "τ" in (out / "README.md").read_text()
+        and "1.50" in (out / "README.md").read_text()
+    )
     mine = load_draft(str(out), target=model)
     want = _params(draft)
     assert _params(mine).keys() == want.keys()
@@ -135,13 +156,43 @@ def test_cli_trains_a_drafter_that_accepts_on_its_data(tiny_pair, tmp_path):
 
     t, _ = tiny_pair("llama")
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"Question {i}: what is {7 * i} plus {3 * i}?"})
-                               + "\n" for i in range(6)))
+    prompts.write_text(
+        "".join(
+            json.dumps({"prompt": f"Question {i}: what is {7 * i} plus {3 * i}?"})
+            + "\n"
+            for i in range(6)
+        )
+    )
     out = tmp_path / "run"
-    args = ["train", "--target", str(t), "--out", str(out), "--prompts", str(prompts),
-            "--val-prompts", "2", "--draft-layers", "1", "--block-size", "8",
-            "--max-new-tokens", "24", "--steps", "300", "--batch-size", "1", "--anchors", "24",
-            "--lr", "1e-2", "--val-every", "0", "--save-every", "100"]
+    args = [
+        "train",
+        "--target",
+        str(t),
+        "--out",
+        str(out),
+        "--prompts",
+        str(prompts),
+        "--val-prompts",
+        "2",
+        "--draft-layers",
+        "1",
+        "--block-size",
+        "8",
+        "--max-new-tokens",
+        "24",
+        "--steps",
+        "300",
+        "--batch-size",
+        "1",
+        "--anchors",
+        "24",
+        "--lr",
+        "1e-2",
+        "--val-every",
+        "0",
+        "--save-every",
+        "100",
+    ]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
     assert "Drafter written to" in result.output and "held-out prompts" in result.output
@@ -163,23 +214,68 @@ def test_cli_draft_vocab_and_init_from(tiny_pair, tmp_path):
 
     t, _ = tiny_pair("llama")
     prompts = tmp_path / "prompts.jsonl"
-    prompts.write_text("".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(5)))
-    common = ["train", "--target", str(t), "--prompts", str(prompts), "--val-prompts", "1",
-              "--draft-layers", "1", "--max-new-tokens", "16", "--batch-size", "1",
-              "--anchors", "8", "--val-every", "0", "--steps", "1"]
+    prompts.write_text(
+        "".join(json.dumps({"prompt": f"Count to {i}."}) + "\n" for i in range(5))
+    )
+    common = [
+        "train",
+        "--target",
+        str(t),
+        "--prompts",
+        str(prompts),
+        "--val-prompts",
+        "1",
+        "--draft-layers",
+        "1",
+        "--max-new-tokens",
+        "16",
+        "--batch-size",
+        "1",
+        "--anchors",
+        "8",
+        "--val-every",
+        "0",
+        "--steps",
+        "1",
+    ]
     first, second = tmp_path / "a", tmp_path / "b"
-    result = CliRunner().invoke(app, common + ["--out", str(first), "--block-size", "8"])
+    result = CliRunner().invoke(
+        app, common + ["--out", str(first), "--block-size", "8"]
+    )
     assert result.exit_code == 0, result.output
-    result = CliRunner().invoke(app, common + ["--out", str(second), "--block-size", "4",
-                                               "--draft-vocab", "12", "--init-from", str(first),
-                                               "--lr", "1e-12"])
+    result = CliRunner().invoke(
+        app,
+        common
+        + [
+            "--out",
+            str(second),
+            "--block-size",
+            "4",
+            "--draft-vocab",
+            "12",
+            "--init-from",
+            str(first),
+            "--lr",
+            "1e-12",
+        ],
+    )
     assert result.exit_code == 0, result.output
     model, tok = load(str(t))
-    donor, draft = load_draft(str(first), target=model), load_draft(str(second), target=model)
+    donor, draft = (
+        load_draft(str(first), target=model),
+        load_draft(str(second), target=model),
+    )
     assert draft.args.block_size == 4 and draft.args.draft_vocab_size == 12
-    assert mx.allclose(draft.fc.weight, donor.fc.weight, atol=1e-6).item()  # started from it
-    said = Counter(t for s in read_samples(first / "data" / "responses.jsonl") for t in s.response)
+    assert mx.allclose(
+        draft.fc.weight, donor.fc.weight, atol=1e-6
+    ).item()  # started from it
+    said = Counter(
+        t for s in read_samples(first / "data" / "responses.jsonl") for t in s.response
+    )
     assert set(draft.draft_vocab.tolist()) >= {t for t, n in said.most_common(5)}
-    bad = CliRunner().invoke(app, common + ["--out", str(tmp_path / "c"),
-                                            "--init-from", str(tmp_path / "nowhere")])
+    bad = CliRunner().invoke(
+        app,
+        common
+        + ["--out", str(tmp_path / "c"), "--init-from", str(tmp_path / "nowhere")],
+    )
     assert bad.exit_code == 2 and "--init-from" in bad.output

@@ -55,11 +55,18 @@ def _run(rule, p, q, trials, sample_drafts=True):
     return first, second
 
 
-P = np.array([[0.50, 0.20, 0.15, 0.10, 0.05, 0.00],
-              [0.05, 0.05, 0.60, 0.10, 0.10, 0.10],
-              [0.30, 0.30, 0.10, 0.10, 0.10, 0.10]], np.float32)
-Q = np.array([[0.10, 0.40, 0.10, 0.20, 0.10, 0.10],
-              [0.05, 0.05, 0.30, 0.30, 0.20, 0.10]], np.float32)
+P = np.array(
+    [
+        [0.50, 0.20, 0.15, 0.10, 0.05, 0.00],
+        [0.05, 0.05, 0.60, 0.10, 0.10, 0.10],
+        [0.30, 0.30, 0.10, 0.10, 0.10, 0.10],
+    ],
+    np.float32,
+)
+Q = np.array(
+    [[0.10, 0.40, 0.10, 0.20, 0.10, 0.10], [0.05, 0.05, 0.30, 0.30, 0.20, 0.10]],
+    np.float32,
+)
 
 
 def test_speculative_sampling_keeps_the_target_distribution():
@@ -88,8 +95,16 @@ def test_sampling_transform():
     assert np.allclose(np.array(probs), [expected / expected.sum()], atol=1e-6)
 
 
-@pytest.mark.parametrize("kwargs", [dict(temperature=-1), dict(top_p=0), dict(top_p=1.5),
-                                    dict(top_k=-2), dict(min_p=1.0)])
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        dict(temperature=-1),
+        dict(top_p=0),
+        dict(top_p=1.5),
+        dict(top_k=-2),
+        dict(min_p=1.0),
+    ],
+)
 def test_bad_sampling_params(kwargs):
     with pytest.raises(ValueError):
         SamplingParams(**kwargs)

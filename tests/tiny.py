@@ -11,49 +11,123 @@ from mlx.utils import tree_flatten, tree_map
 ASSETS = Path(__file__).parent / "assets"
 BYTE_VOCAB = 272  # 256 bytes + specials, rounded up
 
-_COMMON = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-               num_key_value_heads=2, rms_norm_eps=1e-6, max_position_embeddings=4096,
-               rope_theta=10000.0)
+_COMMON = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    rms_norm_eps=1e-6,
+    max_position_embeddings=4096,
+    rope_theta=10000.0,
+)
 
 FAMILIES = {
     "llama": dict(model_type="llama", num_hidden_layers=4, tie_word_embeddings=True),
     "qwen2": dict(model_type="qwen2", num_hidden_layers=4, tie_word_embeddings=False),
-    "qwen3": dict(model_type="qwen3", num_hidden_layers=4, head_dim=16, tie_word_embeddings=True),
-    "qwen3_moe": dict(model_type="qwen3_moe", num_hidden_layers=4, head_dim=16,
-                      num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1,
-                      mlp_only_layers=[], moe_intermediate_size=32, norm_topk_prob=True,
-                      tie_word_embeddings=False),
-    "qwen3_5": dict(model_type="qwen3_5", num_hidden_layers=4, head_dim=16,
-                    linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-                    linear_value_head_dim=16, linear_conv_kernel_dim=4,
-                    full_attention_interval=2, tie_word_embeddings=True,
-                    rope_parameters={"type": "default", "rope_theta": 10000.0,
-                                     "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]}),
-    "qwen3_5_moe": dict(model_type="qwen3_5_moe", num_hidden_layers=4, head_dim=16,
-                        linear_num_value_heads=4, linear_num_key_heads=2, linear_key_head_dim=16,
-                        linear_value_head_dim=16, linear_conv_kernel_dim=4,
-                        full_attention_interval=2, tie_word_embeddings=False,
-                        num_experts=4, num_experts_per_tok=2, decoder_sparse_step=1,
-                        shared_expert_intermediate_size=32, moe_intermediate_size=32,
-                        rope_parameters={"type": "default", "rope_theta": 10000.0,
-                                         "partial_rotary_factor": 0.5, "mrope_section": [2, 1, 1]}),
-    "gemma4_text": dict(model_type="gemma4_text", num_hidden_layers=6, head_dim=16,
-                        global_head_dim=16, num_key_value_heads=1, num_kv_shared_layers=2,
-                        hidden_size_per_layer_input=8, vocab_size_per_layer_input=BYTE_VOCAB,
-                        sliding_window=6, sliding_window_pattern=3,
-                        final_logit_softcapping=30.0, use_double_wide_mlp=False,
-                        tie_word_embeddings=True, _embed_scale=0.25),
-    "gemma4": dict(model_type="gemma4", num_hidden_layers=6, _embed_scale=0.25,
-                   text_config=dict(model_type="gemma4_text", hidden_size=64, intermediate_size=128,
-                                    num_hidden_layers=6, num_attention_heads=4, head_dim=16,
-                                    global_head_dim=16, num_key_value_heads=1,
-                                    num_kv_shared_layers=2, hidden_size_per_layer_input=8,
-                                    vocab_size_per_layer_input=BYTE_VOCAB, sliding_window=6,
-                                    sliding_window_pattern=3, final_logit_softcapping=30.0,
-                                    use_double_wide_mlp=False, tie_word_embeddings=True)),
-    "gpt_oss": dict(model_type="gpt_oss", num_hidden_layers=4, head_dim=16,
-                    num_local_experts=4, num_experts_per_tok=2, sliding_window=6,
-                    intermediate_size=64),
+    "qwen3": dict(
+        model_type="qwen3", num_hidden_layers=4, head_dim=16, tie_word_embeddings=True
+    ),
+    "qwen3_moe": dict(
+        model_type="qwen3_moe",
+        num_hidden_layers=4,
+        head_dim=16,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+        tie_word_embeddings=False,
+    ),
+    "qwen3_5": dict(
+        model_type="qwen3_5",
+        num_hidden_layers=4,
+        head_dim=16,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        full_attention_interval=2,
+        tie_word_embeddings=True,
+        rope_parameters={
+            "type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+            "mrope_section": [2, 1, 1],
+        },
+    ),
+    "qwen3_5_moe": dict(
+        model_type="qwen3_5_moe",
+        num_hidden_layers=4,
+        head_dim=16,
+        linear_num_value_heads=4,
+        linear_num_key_heads=2,
+        linear_key_head_dim=16,
+        linear_value_head_dim=16,
+        linear_conv_kernel_dim=4,
+        full_attention_interval=2,
+        tie_word_embeddings=False,
+        num_experts=4,
+        num_experts_per_tok=2,
+        decoder_sparse_step=1,
+        shared_expert_intermediate_size=32,
+        moe_intermediate_size=32,
+        rope_parameters={
+            "type": "default",
+            "rope_theta": 10000.0,
+            "partial_rotary_factor": 0.5,
+            "mrope_section": [2, 1, 1],
+        },
+    ),
+    "gemma4_text": dict(
+        model_type="gemma4_text",
+        num_hidden_layers=6,
+        head_dim=16,
+        global_head_dim=16,
+        num_key_value_heads=1,
+        num_kv_shared_layers=2,
+        hidden_size_per_layer_input=8,
+        vocab_size_per_layer_input=BYTE_VOCAB,
+        sliding_window=6,
+        sliding_window_pattern=3,
+        final_logit_softcapping=30.0,
+        use_double_wide_mlp=False,
+        tie_word_embeddings=True,
+        _embed_scale=0.25,
+    ),
+    "gemma4": dict(
+        model_type="gemma4",
+        num_hidden_layers=6,
+        _embed_scale=0.25,
+        text_config=dict(
+            model_type="gemma4_text",
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=6,
+            num_attention_heads=4,
+            head_dim=16,
+            global_head_dim=16,
+            num_key_value_heads=1,
+            num_kv_shared_layers=2,
+            hidden_size_per_layer_input=8,
+            vocab_size_per_layer_input=BYTE_VOCAB,
+            sliding_window=6,
+            sliding_window_pattern=3,
+            final_logit_softcapping=30.0,
+            use_double_wide_mlp=False,
+            tie_word_embeddings=True,
+        ),
+    ),
+    "gpt_oss": dict(
+        model_type="gpt_oss",
+        num_hidden_layers=4,
+        head_dim=16,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=6,
+        intermediate_size=64,
+    ),
 }
 
 
@@ -64,10 +138,14 @@ def byte_tokenizer(path: Path):
 
     alphabet = sorted(pre_tokenizers.ByteLevel.alphabet())
     tok = Tokenizer(models.BPE(vocab={c: i for i, c in enumerate(alphabet)}, merges=[]))
-    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(
+        add_prefix_space=False, use_regex=False
+    )
     tok.decoder = decoders.ByteLevel()
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, eos_token="<|im_end|>", pad_token="<|endoftext|>",
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<|endoftext|>",
         additional_special_tokens=["<|im_start|>"],
     )
     fast.chat_template = (
@@ -81,16 +159,26 @@ def qwen3_tokenizer(path: Path):
     path.mkdir(parents=True, exist_ok=True)
     with gzip.open(ASSETS / "qwen3" / "tokenizer.json.gz") as f:
         (path / "tokenizer.json").write_bytes(f.read())
-    shutil.copy(ASSETS / "qwen3" / "tokenizer_config.json", path / "tokenizer_config.json")
+    shutil.copy(
+        ASSETS / "qwen3" / "tokenizer_config.json", path / "tokenizer_config.json"
+    )
 
 
 def _sharpen(model, scale: float):
     # Default init makes tiny models repeat one token; larger weights give varied text.
-    model.update(tree_map(lambda p: p * scale if p.ndim >= 2 else p, model.parameters()))
+    model.update(
+        tree_map(lambda p: p * scale if p.ndim >= 2 else p, model.parameters())
+    )
 
 
-def make_target(path: Path, family: str, vocab_size: int = BYTE_VOCAB, seed: int = 0,
-                tokenizer: str = "byte", **overrides) -> Path:
+def make_target(
+    path: Path,
+    family: str,
+    vocab_size: int = BYTE_VOCAB,
+    seed: int = 0,
+    tokenizer: str = "byte",
+    **overrides,
+) -> Path:
     """Write a tiny random `family` model (config.json, safetensors, tokenizer) to `path`."""
     from mlx_lm.utils import _get_classes
 
@@ -107,25 +195,40 @@ def make_target(path: Path, family: str, vocab_size: int = BYTE_VOCAB, seed: int
         embed.weight = embed.weight * (embed_scale / 4.0)
     path.mkdir(parents=True, exist_ok=True)
     weights = dict(tree_flatten(model.parameters()))
-    mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
+    mx.save_safetensors(
+        str(path / "model.safetensors"), weights, metadata={"format": "mlx"}
+    )
     (path / "config.json").write_text(json.dumps(config, indent=2))
     (byte_tokenizer if tokenizer == "byte" else qwen3_tokenizer)(path)
     return path
 
 
-def make_draft(path: Path, target_path: Path, num_layers: int = 2, block_size: int = 8,
-               seed: int = 1, **overrides) -> Path:
+def make_draft(
+    path: Path,
+    target_path: Path,
+    num_layers: int = 2,
+    block_size: int = 8,
+    seed: int = 1,
+    **overrides,
+) -> Path:
     """Write a tiny random DFlash drafter for the target at `target_path`."""
     from dflash_mlx.draft import Model, ModelArgs, default_target_layer_ids
 
     tcfg = json.loads((target_path / "config.json").read_text())
     n_target = tcfg["num_hidden_layers"]
     args = dict(
-        hidden_size=tcfg["hidden_size"], num_hidden_layers=num_layers,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=16, intermediate_size=128,
-        vocab_size=tcfg["vocab_size"], num_target_layers=n_target,
+        hidden_size=tcfg["hidden_size"],
+        num_hidden_layers=num_layers,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=tcfg["vocab_size"],
+        num_target_layers=n_target,
         target_layer_ids=default_target_layer_ids(n_target, num_layers),
-        mask_token_id=tcfg["vocab_size"] - 1, block_size=block_size, rope_theta=10000.0,
+        mask_token_id=tcfg["vocab_size"] - 1,
+        block_size=block_size,
+        rope_theta=10000.0,
         max_position_embeddings=4096,
     )
     args.update(overrides)
@@ -135,15 +238,21 @@ def make_draft(path: Path, target_path: Path, num_layers: int = 2, block_size: i
         from dflash_mlx.dflash2 import Model as Model2
 
         model = Model2(margs)
-        kernels = {k: mx.random.normal(v.shape) * 0.3 for k, v in tree_flatten(model.parameters())
-                   if k.endswith("base_kernel")}
+        kernels = {
+            k: mx.random.normal(v.shape) * 0.3
+            for k, v in tree_flatten(model.parameters())
+            if k.endswith("base_kernel")
+        }
         model.load_weights(list(kernels.items()), strict=False)
     else:
         model = Model(margs)
     model.update(tree_map(lambda p: p * 3.0 if p.ndim == 2 else p, model.parameters()))
     path.mkdir(parents=True, exist_ok=True)
     weights = dict(tree_flatten(model.parameters()))
-    for name in ("predecessor_codebook", "successor_codebook"):  # z-lab stores these bare
+    for name in (
+        "predecessor_codebook",
+        "successor_codebook",
+    ):  # z-lab stores these bare
         key = f"candidate_selector.{name}"
         if f"{key}.weight" in weights:
             weights[key] = weights.pop(f"{key}.weight")
@@ -167,7 +276,9 @@ def quantize_target(src: Path, dst: Path, bits: int = 4, mixed: bool = False) ->
 
     model, config = quantize_model(model, config, 32, bits, quant_predicate=predicate)
     dst.mkdir(parents=True, exist_ok=True)
-    mx.save_safetensors(str(dst / "model.safetensors"), dict(tree_flatten(model.parameters())))
+    mx.save_safetensors(
+        str(dst / "model.safetensors"), dict(tree_flatten(model.parameters()))
+    )
     (dst / "config.json").write_text(json.dumps(config, indent=2))
     for f in src.glob("*token*"):
         shutil.copy(f, dst / f.name)

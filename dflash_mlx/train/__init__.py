@@ -1,6 +1,12 @@
 """Train a DFlash drafter for any supported target: `dflash-mlx train` in library form."""
 
-from .blocks import default_gamma, make_blocks, packed_mask, position_weights, sample_anchors
+from .blocks import (
+    default_gamma,
+    make_blocks,
+    packed_mask,
+    position_weights,
+    sample_anchors,
+)
 from .data import load_prompts, read_samples, regenerate
 from .export import export_drafter, new_drafter, new_drafter_args
 from .features import FeatureStore, choose_mode
@@ -9,9 +15,30 @@ from .packed import block_logits, block_loss, packed_hidden
 from .pipeline import Finished, Stage, TrainOptions, run
 
 __all__ = [
-    "FeatureStore", "Finished", "SaveEvent", "Stage", "StepEvent", "TrainConfig", "TrainOptions",
-    "Trainer", "ValEvent", "block_logits", "block_loss", "choose_mode", "default_gamma",
-    "export_drafter", "load_prompts", "make_blocks", "measure_tau", "new_drafter",
-    "new_drafter_args", "packed_hidden", "packed_mask", "position_weights", "read_samples",
-    "regenerate", "run", "sample_anchors",
+    "FeatureStore",
+    "Finished",
+    "SaveEvent",
+    "Stage",
+    "StepEvent",
+    "TrainConfig",
+    "TrainOptions",
+    "Trainer",
+    "ValEvent",
+    "block_logits",
+    "block_loss",
+    "choose_mode",
+    "default_gamma",
+    "export_drafter",
+    "load_prompts",
+    "make_blocks",
+    "measure_tau",
+    "new_drafter",
+    "new_drafter_args",
+    "packed_hidden",
+    "packed_mask",
+    "position_weights",
+    "read_samples",
+    "regenerate",
+    "run",
+    "sample_anchors",
 ]

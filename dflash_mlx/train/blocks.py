@@ -7,7 +7,6 @@ and its own block, never another block: exactly what the drafter sees at inferen
 """
 
 from dataclasses import dataclass
-from typing import Optional
 
 import mlx.core as mx
 import numpy as np
@@ -20,7 +19,7 @@ def default_gamma(block_size: int) -> float:
     return GAMMAS.get(block_size, max(1.0, round(0.45 * block_size, 1)))
 
 
-def position_weights(block_size: int, gamma: Optional[float] = None) -> np.ndarray:
+def position_weights(block_size: int, gamma: float | None = None) -> np.ndarray:
     """Weights of block positions 0..B−1: 0 for the anchor, exp(−(k−1)/γ) for k ≥ 1."""
     gamma = default_gamma(block_size) if gamma is None else gamma
     k = np.arange(block_size, dtype=np.float32)
@@ -29,8 +28,9 @@ def position_weights(block_size: int, gamma: Optional[float] = None) -> np.ndarr
     return w
 
 
-def sample_anchors(rng: np.random.Generator, prompt_len: int, seq_len: int,
-                   n: int) -> np.ndarray:
+def sample_anchors(
+    rng: np.random.Generator, prompt_len: int, seq_len: int, n: int
+) -> np.ndarray:
     """Up to `n` distinct sorted anchors in the response: prompt_len ≤ a ≤ seq_len − 2.
 
     The first block at inference starts at the first response token (position prompt_len),
@@ -53,20 +53,32 @@ class Blocks:
     weights: np.ndarray  # loss weight per position (0 for the anchor and past the end)
 
 
-def make_blocks(tokens, anchors: np.ndarray, block_size: int, mask_id: int,
-                gamma: Optional[float] = None) -> Blocks:
+def make_blocks(
+    tokens,
+    anchors: np.ndarray,
+    block_size: int,
+    mask_id: int,
+    gamma: float | None = None,
+) -> Blocks:
     tokens = np.asarray(tokens, dtype=np.int64)
     pos = anchors[:, None] + np.arange(block_size)[None]  # (n, B)
     inside = pos < len(tokens)
     labels = np.where(inside, tokens[np.minimum(pos, len(tokens) - 1)], 0)
-    weights = np.where(inside, position_weights(block_size, gamma)[None], 0.0).astype(np.float32)
+    weights = np.where(inside, position_weights(block_size, gamma)[None], 0.0).astype(
+        np.float32
+    )
     inputs = np.full(pos.shape, mask_id, dtype=np.int64)
     inputs[:, 0] = tokens[anchors]
     return Blocks(anchors, inputs, labels, weights)
 
 
-def packed_mask(anchors, block_size: int, context_len: int, causal: bool = False,
-                window: Optional[int] = None) -> mx.array:
+def packed_mask(
+    anchors,
+    block_size: int,
+    context_len: int,
+    causal: bool = False,
+    window: int | None = None,
+) -> mx.array:
     """Boolean mask (n·B, context_len + n·B): True where a block query may attend.
 
     Keys are [context 0..context_len−1 ; block 0 ; block 1 ; …]. Block i sees context

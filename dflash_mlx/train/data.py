@@ -7,10 +7,10 @@ finish; running again skips every prompt already in it (resumable at any point).
 import gzip
 import json
 import os
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 BOXED = "\nPlease reason step by step, and put your final answer within \\boxed{}."
 
@@ -38,8 +38,10 @@ def _record_messages(r: dict, where: str) -> list:
     for key in ("prompt", "question", "instruction", "text"):
         if isinstance(r.get(key), str):
             return [{"role": "user", "content": r[key]}]
-    raise ValueError(f"{where}: a record needs 'messages' or a 'prompt'/'question'/"
-                     f"'instruction'/'text' string field; got keys {sorted(r)}.")
+    raise ValueError(
+        f"{where}: a record needs 'messages' or a 'prompt'/'question'/"
+        f"'instruction'/'text' string field; got keys {sorted(r)}."
+    )
 
 
 def load_prompts(spec: str) -> list[Prompt]:
@@ -47,22 +49,33 @@ def load_prompts(spec: str) -> list[Prompt]:
     if spec.startswith("bundled:"):
         name = spec.split(":", 1)[1]
         if name not in BUNDLED:
-            raise ValueError(f"Unknown bundled prompt set '{name}'; choose one of "
-                             f"{', '.join('bundled:' + n for n in BUNDLED)} or pass a .jsonl file.")
+            raise ValueError(
+                f"Unknown bundled prompt set '{name}'; choose one of "
+                f"{', '.join('bundled:' + n for n in BUNDLED)} or pass a .jsonl file."
+            )
         file, fmt = BUNDLED[name]
         path = Path(str(resources.files("dflash_mlx") / "data" / file))
-        return [Prompt(f"{name}/{i}", [{"role": "user", "content": fmt(r)}])
-                for i, r in enumerate(_read_jsonl(path))]
+        return [
+            Prompt(f"{name}/{i}", [{"role": "user", "content": fmt(r)}])
+            for i, r in enumerate(_read_jsonl(path))
+        ]
     path = Path(spec).expanduser()
     if not path.is_file():
-        raise ValueError(f"Prompt file '{spec}' does not exist; pass a .jsonl file with one "
-                         "prompt per line, or bundled:gsm8k-train / bundled:mbpp-train.")
+        raise ValueError(
+            f"Prompt file '{spec}' does not exist; pass a .jsonl file with one "
+            "prompt per line, or bundled:gsm8k-train / bundled:mbpp-train."
+        )
     try:
         records = _read_jsonl(path)
     except (json.JSONDecodeError, UnicodeDecodeError, OSError) as e:
         raise ValueError(f"Prompt file '{spec}' is not valid JSON lines ({e}).") from e
-    return [Prompt(str(r.get("id", f"{path.stem}/{i}")), _record_messages(r, f"{spec} line {i + 1}"))
-            for i, r in enumerate(records)]
+    return [
+        Prompt(
+            str(r.get("id", f"{path.stem}/{i}")),
+            _record_messages(r, f"{spec} line {i + 1}"),
+        )
+        for i, r in enumerate(records)
+    ]
 
 
 def split_prompts(prompts: Sequence[Prompt], n_val: int) -> tuple[list, list]:
@@ -113,9 +126,17 @@ class DataProgress:
     new_tokens: int  # response tokens generated in this run so far
 
 
-def regenerate(model, tokenizer, prompts: Sequence[Prompt], path: Path, max_tokens: int = 512,
-               max_len: int = 3072, batch_size: int = 32, temperature: float = 0.0,
-               seed: int = 0) -> Iterator[DataProgress]:
+def regenerate(
+    model,
+    tokenizer,
+    prompts: Sequence[Prompt],
+    path: Path,
+    max_tokens: int = 512,
+    max_len: int = 3072,
+    batch_size: int = 32,
+    temperature: float = 0.0,
+    seed: int = 0,
+) -> Iterator[DataProgress]:
     """Generate the target's own responses for `prompts` not yet in `path`, appending each
     finished one (prompt ids + response ids) as a JSON line. Yields progress."""
     import mlx.core as mx
@@ -132,9 +153,13 @@ def regenerate(model, tokenizer, prompts: Sequence[Prompt], path: Path, max_toke
     _trim_torn_line(path)
     mx.random.seed(seed)
     stops = set(tokenizer.eos_token_ids)
-    gen = BatchGenerator(model, stop_tokens=[[t] for t in stops],
-                         sampler=make_sampler(temp=temperature),
-                         completion_batch_size=batch_size, prefill_batch_size=min(batch_size, 8))
+    gen = BatchGenerator(
+        model,
+        stop_tokens=[[t] for t in stops],
+        sampler=make_sampler(temp=temperature),
+        completion_batch_size=batch_size,
+        prefill_batch_size=min(batch_size, 8),
+    )
     # All prompts go in at once: continuous batching refills a slot as soon as an answer
     # ends, so short answers never leave the batch waiting on the longest one.
     ids = [encode_chat(tokenizer, p.messages)[: max_len - 1] for p in todo]
@@ -152,8 +177,12 @@ def regenerate(model, tokenizer, prompts: Sequence[Prompt], path: Path, max_toke
                     if r.finish_reason is None:
                         continue
                     del pending[r.uid]
-                    record = {"id": p.id, "prompt": prompt_ids, "response": toks,
-                              "finish": r.finish_reason}
+                    record = {
+                        "id": p.id,
+                        "prompt": prompt_ids,
+                        "response": toks,
+                        "finish": r.finish_reason,
+                    }
                     out.write(json.dumps(record) + "\n")
                     out.flush()
                     done.add(p.id)
@@ -182,14 +211,22 @@ def check_meta(path: Path, meta: dict):
         old = json.loads(path.read_text())
         diff = {k: (old.get(k), v) for k, v in meta.items() if old.get(k) != v}
         if diff:
-            raise ValueError(f"The response cache in {path.parent} was made with other settings "
-                             f"{diff} (old, new): use another --out, or delete {path.parent} to "
-                             "regenerate.")
+            raise ValueError(
+                f"The response cache in {path.parent} was made with other settings "
+                f"{diff} (old, new): use another --out, or delete {path.parent} to "
+                "regenerate."
+            )
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(meta, indent=2))
 
 
-def samples_for_training(samples: Sequence[Sample], keep_ids: Optional[set] = None) -> list[Sample]:
+def samples_for_training(
+    samples: Sequence[Sample], keep_ids: set | None = None
+) -> list[Sample]:
     """Samples with at least two response tokens (one anchor and one label)."""
-    return [s for s in samples if len(s.response) >= 2 and (keep_ids is None or s.id in keep_ids)]
+    return [
+        s
+        for s in samples
+        if len(s.response) >= 2 and (keep_ids is None or s.id in keep_ids)
+    ]

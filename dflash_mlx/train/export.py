@@ -3,7 +3,6 @@
 import json
 import os
 from pathlib import Path
-from typing import Optional
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
@@ -19,10 +18,13 @@ def _target_args(target):
     return getattr(target.lm, "args", None) or getattr(target.model, "args", None)
 
 
-def new_drafter_args(target, num_layers: int = DEFAULT_DRAFT_LAYERS,
-                     block_size: int = DEFAULT_BLOCK_SIZE,
-                     target_layer_ids: Optional[list] = None,
-                     mask_token_id: Optional[int] = None) -> ModelArgs:
+def new_drafter_args(
+    target,
+    num_layers: int = DEFAULT_DRAFT_LAYERS,
+    block_size: int = DEFAULT_BLOCK_SIZE,
+    target_layer_ids: list | None = None,
+    mask_token_id: int | None = None,
+) -> ModelArgs:
     """Drafter arguments for `target` (a `dflash_mlx.Target`): its hidden size, heads and
     MLP width, `num_layers` Qwen3-style layers, features from `target_layer_ids`
     (default: 5 layers spread over the target, the z-lab convention)."""
@@ -38,11 +40,15 @@ def new_drafter_args(target, num_layers: int = DEFAULT_DRAFT_LAYERS,
         target_layer_ids = sorted(set(default_target_layer_ids(L, n)))
     bad = [i for i in target_layer_ids if not 0 <= i < L]
     if bad:
-        raise ValueError(f"Target layer ids {bad} are outside 0..{L - 1} for this target.")
+        raise ValueError(
+            f"Target layer ids {bad} are outside 0..{L - 1} for this target."
+        )
     vocab = target.vocab_size
     mask = vocab - 1 if mask_token_id is None else int(mask_token_id)
     if not 0 <= mask < vocab:
-        raise ValueError(f"--mask-token-id {mask} is outside the target vocabulary (0..{vocab - 1}).")
+        raise ValueError(
+            f"--mask-token-id {mask} is outside the target vocabulary (0..{vocab - 1})."
+        )
     rope = getattr(t, "rope_scaling", None)
     return ModelArgs(
         hidden_size=H,
@@ -58,7 +64,9 @@ def new_drafter_args(target, num_layers: int = DEFAULT_DRAFT_LAYERS,
         rms_norm_eps=float(getattr(t, "rms_norm_eps", 1e-6)),
         rope_theta=float(getattr(t, "rope_theta", 10000.0)),
         rope_scaling=rope if isinstance(rope, dict) else None,
-        max_position_embeddings=int(getattr(t, "max_position_embeddings", 32768) or 32768),
+        max_position_embeddings=int(
+            getattr(t, "max_position_embeddings", 32768) or 32768
+        ),
         block_size=block_size,
     )
 
@@ -76,26 +84,40 @@ def init_weights(model: Model, path: Path):
     Shapes must match (same target and layer count); block size and draft vocabulary may
     differ, since neither changes a weight.
     """
-    files = [path] if path.is_file() else [path / "model.safetensors", path / "drafter.safetensors"]
+    files = (
+        [path]
+        if path.is_file()
+        else [path / "model.safetensors", path / "drafter.safetensors"]
+    )
     file = next((f for f in files if f.is_file()), None)
     if file is None:
-        raise ValueError(f"--init-from {path}: no model.safetensors or drafter.safetensors there.")
+        raise ValueError(
+            f"--init-from {path}: no model.safetensors or drafter.safetensors there."
+        )
     mine = dict(tree_flatten(model.parameters()))
     theirs = {k: v for k, v in mx.load(str(file)).items() if k != "draft_vocab"}
-    bad = sorted(k for k, v in theirs.items() if k not in mine or mine[k].shape != v.shape)
+    bad = sorted(
+        k for k, v in theirs.items() if k not in mine or mine[k].shape != v.shape
+    )
     missing = sorted(k for k in mine if k not in theirs and k != "draft_vocab")
     if bad or missing:
-        raise ValueError(f"--init-from {path} does not fit this drafter (differs in "
-                         f"{(bad + missing)[:3]}): use the same target and --draft-layers.")
-    model.load_weights([(k, v.astype(mine[k].dtype)) for k, v in theirs.items()], strict=False)
+        raise ValueError(
+            f"--init-from {path} does not fit this drafter (differs in "
+            f"{(bad + missing)[:3]}): use the same target and --draft-layers."
+        )
+    model.load_weights(
+        [(k, v.astype(mine[k].dtype)) for k, v in theirs.items()], strict=False
+    )
     mx.eval(model.parameters())
 
 
 def save_weights(model: Model, file: Path, dtype=None):
     weights = dict(tree_flatten(model.parameters()))
     if dtype is not None:
-        weights = {k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
-                   for k, v in weights.items()}
+        weights = {
+            k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
+            for k, v in weights.items()
+        }
     tmp = file.with_name(f".{file.stem}.tmp.safetensors")
     mx.save_safetensors(str(tmp), weights, metadata={"format": "mlx"})
     os.replace(tmp, file)
@@ -107,7 +129,9 @@ def export_drafter(model: Model, out: Path, card: dict, dtype=None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     config = model.args.to_config()
     if dtype is not None:
-        config["torch_dtype"] = {mx.float16: "float16", mx.bfloat16: "bfloat16"}.get(dtype, "float32")
+        config["torch_dtype"] = {mx.float16: "float16", mx.bfloat16: "bfloat16"}.get(
+            dtype, "float32"
+        )
     save_weights(model, out / "model.safetensors", dtype)
     (out / "config.json").write_text(json.dumps(config, indent=2))
     (out / "README.md").write_text(model_card(model.args, card))
@@ -116,32 +140,38 @@ def export_drafter(model: Model, out: Path, card: dict, dtype=None) -> Path:
 
 def model_card(args: ModelArgs, card: dict) -> str:
     tau = card.get("tau")
-    tau_line = (f"{tau:.2f} (greedy, block {args.block_size}, on {card.get('val_prompts', '?')} "
-                "held-out prompts, measured during training)") if tau else "not measured"
+    tau_line = (
+        (
+            f"{tau:.2f} (greedy, block {args.block_size}, on {card.get('val_prompts', '?')} "
+            "held-out prompts, measured during training)"
+        )
+        if tau
+        else "not measured"
+    )
     return f"""---
 library_name: mlx
 tags: [dflash, speculative-decoding, mlx]
-base_model: {card.get('target', '?')}
+base_model: {card.get("target", "?")}
 ---
-# DFlash drafter for {card.get('target', '?')}
+# DFlash drafter for {card.get("target", "?")}
 
 Trained with `dflash-mlx train` (block-diffusion drafter, KV injection of target features).
 
 | | |
 |---|---|
-| target | {card.get('target', '?')} ({args.num_target_layers} layers) |
-| data | {card.get('data', '?')}: {card.get('samples', '?')} responses regenerated by the target |
+| target | {card.get("target", "?")} ({args.num_target_layers} layers) |
+| data | {card.get("data", "?")}: {card.get("samples", "?")} responses regenerated by the target |
 | drafter | {args.num_hidden_layers} layers, block size {args.block_size}, target layers {args.target_layer_ids}, mask token {args.mask_token_id}, {f"draft vocabulary {args.draft_vocab_size} tokens" if args.draft_vocab_size else "full vocabulary"} |
-| training | {card.get('steps', '?')} steps × {card.get('batch', '?')} sequences, lr {card.get('lr', '?')}, {card.get('train_time', '?')} |
+| training | {card.get("steps", "?")} steps × {card.get("batch", "?")} sequences, lr {card.get("lr", "?")}, {card.get("train_time", "?")} |
 | acceptance length τ | {tau_line} |
 
 ```bash
-dflash-mlx chat --model {card.get('target', 'TARGET')} --draft PATH_TO_THIS_FOLDER
+dflash-mlx chat --model {card.get("target", "TARGET")} --draft PATH_TO_THIS_FOLDER
 ```
 
 ```python
 from dflash_mlx import load, load_draft, stream_generate
-model, tokenizer = load("{card.get('target', 'TARGET')}")
+model, tokenizer = load("{card.get("target", "TARGET")}")
 draft = load_draft("PATH_TO_THIS_FOLDER")
 ```
 """

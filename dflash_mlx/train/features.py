@@ -9,9 +9,9 @@ live in safetensors shards that MLX loads lazily, so memory holds only what a st
 import json
 import os
 import shutil
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator, Sequence
 
 import mlx.core as mx
 
@@ -23,8 +23,9 @@ def estimate_bytes(samples: Sequence[Sample], target) -> int:
     return sum(len(s.tokens) for s in samples) * width * target.dtype.size
 
 
-def choose_mode(requested: str, samples: Sequence[Sample], target, folder: Path,
-                budget_gb: float) -> tuple[str, str]:
+def choose_mode(
+    requested: str, samples: Sequence[Sample], target, folder: Path, budget_gb: float
+) -> tuple[str, str]:
     """("cache" | "fly", why) for `requested` in auto/cache/fly."""
     need = estimate_bytes(samples, target)
     gb = need / 1e9
@@ -36,8 +37,10 @@ def choose_mode(requested: str, samples: Sequence[Sample], target, folder: Path,
     free = shutil.disk_usage(folder).free
     if need <= budget_gb * 1e9 and need <= free / 2:
         return "cache", f"{gb:.2f} GB fits the {budget_gb:g} GB budget and the disk"
-    return "fly", (f"{gb:.2f} GB exceeds the {budget_gb:g} GB budget or half the free disk "
-                   f"({free / 1e9:.1f} GB): one target forward per sample per epoch instead")
+    return "fly", (
+        f"{gb:.2f} GB exceeds the {budget_gb:g} GB budget or half the free disk "
+        f"({free / 1e9:.1f} GB): one target forward per sample per epoch instead"
+    )
 
 
 def compute(target, tokens: Sequence[int]) -> mx.array:
@@ -55,8 +58,14 @@ class FeatureProgress:
 class FeatureStore:
     """Features by sample id, from disk shards ("cache") or the target ("fly")."""
 
-    def __init__(self, target, samples: Sequence[Sample], mode: str, folder: Path,
-                 shard_size: int = 64):
+    def __init__(
+        self,
+        target,
+        samples: Sequence[Sample],
+        mode: str,
+        folder: Path,
+        shard_size: int = 64,
+    ):
         self.target, self.mode, self.shard_size = target, mode, shard_size
         self.samples = {s.id: s for s in samples}
         layers = "-".join(str(i) for i in target.feature_layer_ids)

@@ -10,9 +10,9 @@ exactly as if it had not stopped.
 import json
 import shutil
 import time
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional, Sequence
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -37,7 +37,7 @@ class TrainConfig:
     warmup: float = 0.04  # fraction of steps
     weight_decay: float = 0.01
     clip: float = 1.0
-    gamma: Optional[float] = None  # loss decay; None = the paper's for the block size
+    gamma: float | None = None  # loss decay; None = the paper's for the block size
     seed: int = 0
     val_every: int = 250  # steps; 0 = only at the end
     val_max_tokens: int = 128
@@ -81,18 +81,32 @@ def schedule(lr: float, total: int, warmup_frac: float):
     cosine = optim.cosine_decay(lr, max(total - warmup, 1), end=lr * 0.01)
     if warmup == 0:
         return cosine
-    return optim.join_schedules([optim.linear_schedule(lr * 0.01, lr, warmup), cosine], [warmup])
+    return optim.join_schedules(
+        [optim.linear_schedule(lr * 0.01, lr, warmup), cosine], [warmup]
+    )
 
 
-def measure_tau(target, draft, tokenizer, prompts: Sequence[Sequence[int]], block_size: int,
-                max_tokens: int = 128) -> float:
+def measure_tau(
+    target,
+    draft,
+    tokenizer,
+    prompts: Sequence[Sequence[int]],
+    block_size: int,
+    max_tokens: int = 128,
+) -> float:
     """Mean acceptance length (committed tokens per verify step), greedy, real engine."""
     from ..generate import stream_generate
 
     committed = steps = 0
     for ids in prompts:
-        for r in stream_generate(target, draft, tokenizer, list(ids), block_size=block_size,
-                                 max_tokens=max_tokens):
+        for r in stream_generate(
+            target,
+            draft,
+            tokenizer,
+            list(ids),
+            block_size=block_size,
+            max_tokens=max_tokens,
+        ):
             if r.accepted is not None:
                 committed += r.accepted
                 steps += 1
@@ -108,17 +122,30 @@ class _History:
 class Trainer:
     """Trains `draft` against a frozen `target` (a `dflash_mlx.Target`) on `samples`."""
 
-    def __init__(self, target, draft, tokenizer, samples: Sequence[Sample], features,
-                 config: TrainConfig, folder: Path, val_prompts: Sequence[Sequence[int]] = ()):
+    def __init__(
+        self,
+        target,
+        draft,
+        tokenizer,
+        samples: Sequence[Sample],
+        features,
+        config: TrainConfig,
+        folder: Path,
+        val_prompts: Sequence[Sequence[int]] = (),
+    ):
         if not samples:
-            raise ValueError("No training samples with a response of 2+ tokens: generate data first.")
+            raise ValueError(
+                "No training samples with a response of 2+ tokens: generate data first."
+            )
         self.target, self.draft, self.tokenizer = target, draft, tokenizer
         self.samples, self.features, self.config = list(samples), features, config
         self.folder = Path(folder)
         self.val_prompts = [list(p) for p in val_prompts]
         self.total = config.total_steps(len(self.samples))
-        self.optimizer = optim.AdamW(learning_rate=schedule(config.lr, self.total, config.warmup),
-                                     weight_decay=config.weight_decay)
+        self.optimizer = optim.AdamW(
+            learning_rate=schedule(config.lr, self.total, config.warmup),
+            weight_decay=config.weight_decay,
+        )
         self.history = _History()
         draft.train()  # a drafter from load_draft is in eval mode (cpu_ops, no gradients)
         self.optimizer.init(draft.trainable_parameters())
@@ -133,8 +160,9 @@ class Trainer:
     # -- one step ---------------------------------------------------------------------------
 
     def _loss(self, features, blocks, masks):
-        loss, wsum, correct = block_loss(self.target, self.draft, features, blocks, masks,
-                                         self.head)
+        loss, wsum, correct = block_loss(
+            self.target, self.draft, features, blocks, masks, self.head
+        )
         return loss, (wsum, correct)
 
     def micro_batch(self, m: int) -> tuple[Sample, np.ndarray]:
@@ -153,7 +181,9 @@ class Trainer:
             sample, anchors = self.micro_batch(self.step * cfg.batch_size + j)
             if len(anchors) == 0:
                 continue
-            blocks = make_blocks(sample.tokens, anchors, B, self.draft.args.mask_token_id, cfg.gamma)
+            blocks = make_blocks(
+                sample.tokens, anchors, B, self.draft.args.mask_token_id, cfg.gamma
+            )
             context = int(anchors.max())
             feats = self.features.get(sample.id)[:, :context].astype(mx.float32)
             masks = layer_masks(self.draft, anchors, B, context)
@@ -161,16 +191,27 @@ class Trainer:
             grads = g if grads is None else tree_map(mx.add, grads, g)
             mx.eval(grads, loss, w, c)
             losses.append(loss.item())
-            wsum, correct, used = wsum + w.item(), correct + c.item(), used + int((blocks.weights > 0).sum())
+            wsum, correct, used = (
+                wsum + w.item(),
+                correct + c.item(),
+                used + int((blocks.weights > 0).sum()),
+            )
         if grads is None:
-            raise ValueError("A whole batch had no anchors: responses are too short to train on.")
+            raise ValueError(
+                "A whole batch had no anchors: responses are too short to train on."
+            )
         grads = tree_map(lambda g: g / len(losses), grads)
         grads, norm = optim.clip_grad_norm(grads, cfg.clip)
         lr = self.optimizer.learning_rate.item()
         self.optimizer.update(self.draft, grads)
         mx.eval(self.draft.parameters(), self.optimizer.state, norm)
-        return dict(loss=float(np.mean(losses)), accuracy=correct / max(wsum, 1e-9), lr=lr,
-                    grad_norm=norm.item(), positions=used)
+        return dict(
+            loss=float(np.mean(losses)),
+            accuracy=correct / max(wsum, 1e-9),
+            lr=lr,
+            grad_norm=norm.item(),
+            positions=used,
+        )
 
     # -- the run ----------------------------------------------------------------------------
 
@@ -191,9 +232,17 @@ class Trainer:
             self.history.train_seconds += dt
             positions += m["positions"]
             per_step = seconds_here / done_here
-            yield StepEvent(self.step, self.total, m["loss"], m["accuracy"], m["lr"],
-                            m["grad_norm"], positions / max(seconds_here, 1e-9),
-                            time.perf_counter() - tic, per_step * (self.total - self.step))
+            yield StepEvent(
+                self.step,
+                self.total,
+                m["loss"],
+                m["accuracy"],
+                m["lr"],
+                m["grad_norm"],
+                positions / max(seconds_here, 1e-9),
+                time.perf_counter() - tic,
+                per_step * (self.total - self.step),
+            )
             last = self.step >= self.total
             if (cfg.val_every and self.step % cfg.val_every == 0) or last:
                 ev = self.validate()
@@ -202,11 +251,17 @@ class Trainer:
             if (cfg.save_every and self.step % cfg.save_every == 0) or last:
                 yield SaveEvent(self.step, self.save())
 
-    def validate(self) -> Optional[ValEvent]:
+    def validate(self) -> ValEvent | None:
         if not self.val_prompts:
             return None
-        tau = measure_tau(self.target, self.draft, self.tokenizer, self.val_prompts,
-                          self.draft.args.block_size, self.config.val_max_tokens)
+        tau = measure_tau(
+            self.target,
+            self.draft,
+            self.tokenizer,
+            self.val_prompts,
+            self.draft.args.block_size,
+            self.config.val_max_tokens,
+        )
         self.history.val.append((self.step, tau))
         return ValEvent(self.step, tau, len(self.val_prompts))
 
@@ -224,11 +279,17 @@ class Trainer:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         save_weights(self.draft, tmp / "drafter.safetensors")
-        mx.save_safetensors(str(tmp / "optimizer.safetensors"),
-                            dict(tree_flatten(self.optimizer.state)))
-        state = {"step": step, "total": self.total, "config": asdict(self.config),
-                 "drafter": self.draft.args.to_config(), "val": self.history.val,
-                 "train_seconds": self.history.train_seconds}
+        mx.save_safetensors(
+            str(tmp / "optimizer.safetensors"), dict(tree_flatten(self.optimizer.state))
+        )
+        state = {
+            "step": step,
+            "total": self.total,
+            "config": asdict(self.config),
+            "drafter": self.draft.args.to_config(),
+            "val": self.history.val,
+            "train_seconds": self.history.train_seconds,
+        }
         (tmp / "state.json").write_text(json.dumps(state, indent=2))
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -249,13 +310,20 @@ class Trainer:
         path = ckpts[-1]
         state = json.loads((path / "state.json").read_text())
         if state["drafter"] != self.draft.args.to_config():
-            raise ValueError(f"The checkpoint in {path} is for another drafter shape "
-                             "(--draft-layers/--block-size/target layers): use another --out, "
-                             "or the same options as before.")
+            raise ValueError(
+                f"The checkpoint in {path} is for another drafter shape "
+                "(--draft-layers/--block-size/target layers): use another --out, "
+                "or the same options as before."
+            )
         self.draft.load_weights(str(path / "drafter.safetensors"))
-        self.optimizer.state = tree_unflatten(list(mx.load(str(path / "optimizer.safetensors")).items()))
-        self.history = _History([tuple(v) for v in state.get("val", [])],
-                                state.get("train_seconds", 0.0))
+        self.optimizer.state = tree_unflatten(
+            list(mx.load(str(path / "optimizer.safetensors")).items())
+        )
+        self.history = _History(
+            [tuple(v) for v in state.get("val", [])], state.get("train_seconds", 0.0)
+        )
         mx.eval(self.draft.parameters(), self.optimizer.state)
-        self.head = DraftHead.for_drafter(self.target, self.draft)  # the loaded vocabulary
+        self.head = DraftHead.for_drafter(
+            self.target, self.draft
+        )  # the loaded vocabulary
         return self.step

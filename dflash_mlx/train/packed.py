@@ -6,7 +6,6 @@ weights drop into `draft.Model` unchanged; only the attention is packed: queries
 all blocks, keys/values [context ; all blocks], and a block-sparse mask.
 """
 
-from typing import Optional
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -41,15 +40,17 @@ def _attention(attn, x: mx.array, ctx: mx.array, offsets: mx.array, mask: mx.arr
     vc = _heads(ctx, attn.v_proj, None, attn.n_kv_heads, None, None)
     keys = mx.concatenate([kc, _pack(kb)], axis=2)
     values = mx.concatenate([vc, _pack(vb)], axis=2)
-    out = mx.fast.scaled_dot_product_attention(_pack(q), keys, values, scale=attn.scale,
-                                               mask=mask)
+    out = mx.fast.scaled_dot_product_attention(
+        _pack(q), keys, values, scale=attn.scale, mask=mask
+    )
     H, D = out.shape[1], out.shape[3]
     out = out.reshape(H, n, B, D).transpose(1, 2, 0, 3).reshape(n, B, H * D)
     return attn.o_proj(out)
 
 
-def layer_masks(draft: DraftModel, anchors: np.ndarray, block_size: int,
-                context_len: int) -> dict:
+def layer_masks(
+    draft: DraftModel, anchors: np.ndarray, block_size: int, context_len: int
+) -> dict:
     """One packed mask per layer type, following the drafter's causal/sliding settings."""
     masks = {}
     for layer in draft.layers:
@@ -63,8 +64,13 @@ def layer_masks(draft: DraftModel, anchors: np.ndarray, block_size: int,
     return masks
 
 
-def packed_hidden(draft: DraftModel, features: mx.array, block_embeddings: mx.array,
-                  anchors: np.ndarray, masks: Optional[dict] = None) -> mx.array:
+def packed_hidden(
+    draft: DraftModel,
+    features: mx.array,
+    block_embeddings: mx.array,
+    anchors: np.ndarray,
+    masks: dict | None = None,
+) -> mx.array:
     """Normed hidden states (n, B, hidden) of all blocks of one sequence.
 
     `features` (1, C, F) are the fused target features of positions 0..C−1 with
@@ -78,8 +84,13 @@ def packed_hidden(draft: DraftModel, features: mx.array, block_embeddings: mx.ar
     offsets = mx.array(np.asarray(anchors, dtype=np.int32))
     h = block_embeddings
     for layer in draft.layers:
-        h = h + _attention(layer.self_attn, layer.input_layernorm(h), ctx, offsets,
-                           masks[layer.layer_type])
+        h = h + _attention(
+            layer.self_attn,
+            layer.input_layernorm(h),
+            ctx,
+            offsets,
+            masks[layer.layer_type],
+        )
         h = h + layer.mlp(layer.post_attention_layernorm(h))
     return draft.norm(h)
 
@@ -92,8 +103,14 @@ def embed_blocks(target, draft: DraftModel, inputs: np.ndarray) -> mx.array:
     return mx.stop_gradient(h)
 
 
-def block_logits(target, draft: DraftModel, features: mx.array, blocks: Blocks,
-                 masks: Optional[dict] = None, head: Optional[DraftHead] = None) -> mx.array:
+def block_logits(
+    target,
+    draft: DraftModel,
+    features: mx.array,
+    blocks: Blocks,
+    masks: dict | None = None,
+    head: DraftHead | None = None,
+) -> mx.array:
     """Draft logits (n, B−1, draft vocab) for block positions 1..B−1."""
     head = head or DraftHead.for_drafter(target, draft)
     emb = embed_blocks(target, draft, blocks.inputs)
@@ -101,8 +118,14 @@ def block_logits(target, draft: DraftModel, features: mx.array, blocks: Blocks,
     return draft.finalize_logits(head(h[:, 1:]))
 
 
-def block_loss(target, draft: DraftModel, features: mx.array, blocks: Blocks,
-               masks: Optional[dict] = None, head: Optional[DraftHead] = None):
+def block_loss(
+    target,
+    draft: DraftModel,
+    features: mx.array,
+    blocks: Blocks,
+    masks: dict | None = None,
+    head: DraftHead | None = None,
+):
     """(weighted cross-entropy normalised by the weight sum, weight sum, correct·weight sum).
 
     Only the drafter's parameters receive gradients: the target's embedding and head
@@ -110,7 +133,9 @@ def block_loss(target, draft: DraftModel, features: mx.array, blocks: Blocks,
     loss (the drafter can never propose them).
     """
     head = head or DraftHead.for_drafter(target, draft)
-    logits = block_logits(target, draft, features, blocks, masks, head).astype(mx.float32)
+    logits = block_logits(target, draft, features, blocks, masks, head).astype(
+        mx.float32
+    )
     labels, w = blocks.labels[:, 1:], blocks.weights[:, 1:]
     if head.index is not None:
         labels = head.index[labels]

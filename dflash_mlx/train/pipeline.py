@@ -10,18 +10,31 @@ Layout of the output folder:
     OUT/checkpoints/step-*/                         weights + optimizer + counters
 """
 
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator, Optional
 
 import mlx.core as mx
 import numpy as np
 
-from .data import (check_meta, encode_chat, load_prompts, read_samples, regenerate,
-                   samples_for_training, split_prompts)
 from ..draft_head import select_draft_vocab
-from .export import (DEFAULT_BLOCK_SIZE, DEFAULT_DRAFT_LAYERS, export_drafter, init_weights,
-                     new_drafter, new_drafter_args)
+from .data import (
+    check_meta,
+    encode_chat,
+    load_prompts,
+    read_samples,
+    regenerate,
+    samples_for_training,
+    split_prompts,
+)
+from .export import (
+    DEFAULT_BLOCK_SIZE,
+    DEFAULT_DRAFT_LAYERS,
+    export_drafter,
+    init_weights,
+    new_drafter,
+    new_drafter_args,
+)
 from .features import FeatureStore, choose_mode
 from .loop import TrainConfig, Trainer
 
@@ -35,8 +48,8 @@ class TrainOptions:
     val_prompts: int = 16
     draft_layers: int = DEFAULT_DRAFT_LAYERS
     block_size: int = DEFAULT_BLOCK_SIZE
-    target_layer_ids: Optional[list] = None
-    mask_token_id: Optional[int] = None
+    target_layer_ids: list | None = None
+    mask_token_id: int | None = None
     max_new_tokens: int = 256
     max_len: int = 3072
     gen_batch_size: int = 32
@@ -44,7 +57,7 @@ class TrainOptions:
     features: str = "auto"  # auto | cache | fly
     feature_budget_gb: float = 20.0
     draft_vocab: int = 0  # 0: the whole target vocabulary; N: the N most used tokens
-    init_from: Optional[Path] = None  # start from these drafter weights (not a resume)
+    init_from: Path | None = None  # start from these drafter weights (not a resume)
     train: TrainConfig = field(default_factory=TrainConfig)
 
 
@@ -58,7 +71,7 @@ class Stage:
 class Finished:
     path: Path
     steps: int
-    tau: Optional[float]
+    tau: float | None
     samples: int
     train_seconds: float
 
@@ -66,7 +79,9 @@ class Finished:
 def _prompt_sets(opts: TrainOptions):
     prompts = [p for spec in opts.prompts for p in load_prompts(spec)]
     if not prompts:
-        raise ValueError("The prompt sets are empty: pass --prompts with at least one prompt.")
+        raise ValueError(
+            "The prompt sets are empty: pass --prompts with at least one prompt."
+        )
     order = np.random.default_rng(opts.train.seed).permutation(len(prompts))
     train, val = split_prompts([prompts[i] for i in order], opts.val_prompts)
     if opts.max_prompts > 0:
@@ -101,30 +116,56 @@ def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
         model, tokenizer = load_target(opts.target)
     train_prompts, val_prompts = _prompt_sets(opts)
 
-    yield Stage("data", f"{len(train_prompts)} prompts, responses by the target "
-                        f"({'greedy' if opts.temperature == 0 else f'temperature {opts.temperature}'})")
+    yield Stage(
+        "data",
+        f"{len(train_prompts)} prompts, responses by the target "
+        f"({'greedy' if opts.temperature == 0 else f'temperature {opts.temperature}'})",
+    )
     data = out / "data"
-    check_meta(data / "meta.json", {"target": str(opts.target), "temperature": opts.temperature,
-                                    "max_new_tokens": opts.max_new_tokens})
-    yield from regenerate(model, tokenizer, train_prompts, data / "responses.jsonl",
-                          opts.max_new_tokens, opts.max_len, opts.gen_batch_size,
-                          opts.temperature, opts.train.seed)
+    check_meta(
+        data / "meta.json",
+        {
+            "target": str(opts.target),
+            "temperature": opts.temperature,
+            "max_new_tokens": opts.max_new_tokens,
+        },
+    )
+    yield from regenerate(
+        model,
+        tokenizer,
+        train_prompts,
+        data / "responses.jsonl",
+        opts.max_new_tokens,
+        opts.max_len,
+        opts.gen_batch_size,
+        opts.temperature,
+        opts.train.seed,
+    )
     keep = {p.id for p in train_prompts}
-    samples = samples_for_training(_truncate(read_samples(data / "responses.jsonl"), opts.max_len),
-                                   keep)
+    samples = samples_for_training(
+        _truncate(read_samples(data / "responses.jsonl"), opts.max_len), keep
+    )
 
     probe = Target(model)
-    args = new_drafter_args(probe, opts.draft_layers, opts.block_size, opts.target_layer_ids,
-                            opts.mask_token_id)
+    args = new_drafter_args(
+        probe,
+        opts.draft_layers,
+        opts.block_size,
+        opts.target_layer_ids,
+        opts.mask_token_id,
+    )
     target = Target(model, args.target_layer_ids)
-    mode, why = choose_mode(opts.features, samples, target, out / "features", opts.feature_budget_gb)
+    mode, why = choose_mode(
+        opts.features, samples, target, out / "features", opts.feature_budget_gb
+    )
     yield Stage("features", f"{mode}: {why}")
     store = FeatureStore(target, samples, mode, out / "features")
     yield from store.prepare()
 
     if opts.draft_vocab:
-        vocab = select_draft_vocab((s.response for s in samples), (s.prompt for s in samples),
-                                   opts.draft_vocab)
+        vocab = select_draft_vocab(
+            (s.response for s in samples), (s.prompt for s in samples), opts.draft_vocab
+        )
         args.draft_vocab_size = len(vocab)
     draft = new_drafter(args, opts.train.seed)
     if opts.init_from:
@@ -132,11 +173,16 @@ def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
     if opts.draft_vocab:
         draft.draft_vocab = mx.array(vocab, dtype=mx.int32)
     val_ids = [encode_chat(tokenizer, p.messages) for p in val_prompts]
-    trainer = Trainer(target, draft, tokenizer, samples, store, opts.train, out, val_ids)
+    trainer = Trainer(
+        target, draft, tokenizer, samples, store, opts.train, out, val_ids
+    )
     start = trainer.resume()
-    yield Stage("train", f"{len(samples)} samples, steps {start}→{trainer.total}, "
-                         f"{opts.draft_layers} layers, block {opts.block_size}, "
-                         f"target layers {args.target_layer_ids}")
+    yield Stage(
+        "train",
+        f"{len(samples)} samples, steps {start}→{trainer.total}, "
+        f"{opts.draft_layers} layers, block {opts.block_size}, "
+        f"target layers {args.target_layer_ids}",
+    )
     if start >= trainer.total and not trainer.history.val:
         ev = trainer.validate()
         if ev is not None:
@@ -144,10 +190,17 @@ def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
     yield from trainer.run()
 
     tau = trainer.history.val[-1][1] if trainer.history.val else None
-    card = {"target": str(opts.target), "data": ", ".join(opts.prompts), "samples": len(samples),
-            "steps": trainer.step, "batch": opts.train.batch_size, "lr": opts.train.lr,
-            "tau": tau, "val_prompts": len(val_ids),
-            "train_time": f"{trainer.history.train_seconds / 60:.1f} min of training"}
+    card = {
+        "target": str(opts.target),
+        "data": ", ".join(opts.prompts),
+        "samples": len(samples),
+        "steps": trainer.step,
+        "batch": opts.train.batch_size,
+        "lr": opts.train.lr,
+        "tau": tau,
+        "val_prompts": len(val_ids),
+        "train_time": f"{trainer.history.train_seconds / 60:.1f} min of training",
+    }
     yield Stage("export", str(out))
     export_drafter(draft, out, card, dtype=target.dtype)
     yield Finished(out, trainer.step, tau, len(samples), trainer.history.train_seconds)
