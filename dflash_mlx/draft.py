@@ -327,15 +327,16 @@ class Model(nn.Module):
             c.trim(L)
         return self.norm(h)
 
-    def propose(self, hidden, logits, anchor, params):
+    def propose(self, hidden, logits, anchor, params, key=None):
         """Block tokens from drafted-position logits (L, V): (tokens, q or None when greedy).
 
-        `hidden` and `anchor` (the token before the block) are unused by v1 drafters.
+        `hidden` and `anchor` (the token before the block) are unused by v1 drafters;
+        `key` is the PRNG key to draw with (None: MLX's global generator).
         """
         if params.greedy:
             return mx.argmax(logits, axis=-1), None
         q = params.probs(logits)
-        return categorical(q), q
+        return categorical(q, key), q
 
     def finalize_logits(self, logits: mx.array) -> mx.array:
         """Apply the drafter's output multiplier and soft-capping to head logits."""
