@@ -14,7 +14,6 @@ from typing import Union
 
 import mlx.core as mx
 
-from . import cpu_ops
 from .adaptive import AdaptiveBlockSize, FixedBlockSize
 from .cache import PromptCache
 from .draft_head import DraftHead
@@ -89,7 +88,7 @@ def _draft(
     h = draft(h, cache.draft)[0, 1:]
     logits = draft.finalize_logits(head(h.astype(target.dtype)))
     tokens, q = draft.propose(h, logits, block[0, 0], params, key)
-    probs = q if q is not None else cpu_ops.softmax(logits)
+    probs = q if q is not None else draft.kernels.softmax(logits)
     confidence = probs.max(axis=-1)
     return (*head.to_target(tokens, q), confidence)
 

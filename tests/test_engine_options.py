@@ -1,4 +1,4 @@
-"""Per-generation options of the engine: seeds, target log-probabilities, cache owners."""
+"""Per-generation engine options: seeds, target log-probabilities, cache owners."""
 
 import mlx.core as mx
 import mlx_lm
@@ -108,7 +108,9 @@ def test_a_prompt_cache_has_one_live_generation(pair):
     cache = make_prompt_cache(model, draft)
     first = stream_generate(model, draft, tok, PROMPT, max_tokens=8, prompt_cache=cache)
     next(first)
-    second = stream_generate(model, draft, tok, PROMPT, max_tokens=8, prompt_cache=cache)
+    second = stream_generate(
+        model, draft, tok, PROMPT, max_tokens=8, prompt_cache=cache
+    )
     with pytest.raises(ValueError, match="in use by another generation"):
         next(second)
     first.close()  # ends the first generation: the cache is free again
