@@ -194,6 +194,14 @@ def generate_blocks(
     With a `seed`, sampling draws from this generation's own keys only. With `logprobs`
     k >= 1, each block carries the target's log-probabilities of its tokens and top k.
     """
+    group = target.group
+    if group is not None:  # a sharded target: every rank makes rank 0's choices
+        from .distributed import Lockstep, shared_seed
+
+        if not isinstance(block_size, (int, FixedBlockSize)):
+            block_size = Lockstep(block_size, group)
+        if seed is None and not params.greedy:
+            seed = shared_seed(group)
     owner = object()
     cache.claim(owner)
     try:

@@ -108,9 +108,12 @@ def _read_weights(path: Path, what: str) -> dict:
     return weights
 
 
-def load(path_or_repo: str | None = None, **kwargs):
+def load(path_or_repo: str | None = None, *, distributed=None, **kwargs):
     """Load a target (model, tokenizer): a Hub id, a local folder, a .gguf file, or
-    (with no argument) the built-in default target."""
+    (with no argument) the built-in default target.
+
+    With `distributed` (a `distributed.Group`, e.g. `distributed.launched()`), this
+    rank loads its shard of the target (tensor or pipeline parallel, by mlx-lm)."""
     from mlx_lm.utils import load as mlx_lm_load
 
     if path_or_repo is None:
@@ -126,8 +129,11 @@ def load(path_or_repo: str | None = None, **kwargs):
             )
         # MLX's CPU quantized matmul is slow; dequantized float32 uses the fast BLAS.
         kwargs.setdefault("dequantize", mx.default_device() == mx.cpu)
-        model, tokenizer = load_gguf(str(Path(path_or_repo).expanduser()), **kwargs)
+        file = Path(path_or_repo).expanduser()
+        model, tokenizer = load_gguf(str(file), **kwargs)
         model.name_or_path = str(path_or_repo)
+        if distributed is not None:
+            _shard(model, distributed, file)
         return model, tokenizer
     path = resolve_path(path_or_repo, TARGET_FILES, "Target model")
     config = _read_config(path, "Target model")
@@ -139,13 +145,26 @@ def load(path_or_repo: str | None = None, **kwargs):
             f"{', '.join(SUPPORTED_MODEL_TYPES)}."
         )
     try:
-        model, tokenizer = mlx_lm_load(str(path), **kwargs)
+        model, tokenizer = mlx_lm_load(
+            str(path), lazy=distributed is not None, **kwargs
+        )
     except FileNotFoundError as e:
         raise ValueError(
             f"Target '{path_or_repo}' is incomplete ({e}); download it again."
         ) from e
     model.name_or_path = str(path_or_repo)
+    if distributed is not None:
+        _shard(model, distributed, path)
     return model, tokenizer
+
+
+def _shard(model, group, source: Path):
+    """Shard a loaded target over `group` once every rank has the same files."""
+    from .distributed import file_digest, shard
+
+    group.check_same("target", file_digest(source))
+    shard(model, group)
+    mx.eval(model.parameters())
 
 
 def load_draft(
@@ -155,11 +174,14 @@ def load_draft(
     bits: int | None = None,
     group_size: int = 64,
     sliding_window_size: int | None = None,
+    distributed=None,
 ) -> draft_module.Model:
     """Load a DFlash drafter (z-lab format; with no argument, the built-in default's).
 
     With `target`, also check that it fits it. `bits` (4 or 8) quantizes its linear
     layers; `sliding_window_size` bounds the context it keeps (speed/memory, not output).
+    With `distributed` (a Group), every rank must load the same drafter (each holds
+    a full copy).
     """
     if path_or_repo is None:
         from .defaults import default_draft
@@ -173,6 +195,10 @@ def load_draft(
         raise ValueError(f"bits must be one of 2, 3, 4, 5, 6, 8 (or None), got {bits}.")
     what = f"Drafter '{path_or_repo}'"
     path = resolve_path(path_or_repo, DRAFT_FILES, "Drafter")
+    if distributed is not None:
+        from .distributed import file_digest
+
+        distributed.check_same("drafter", file_digest(path))
     config = _read_config(path, what)
     arch = (config.get("architectures") or ["DFlashDraftModel"])[0]
     if arch not in draft_module.ARCHITECTURES:
