@@ -2,7 +2,7 @@
 
 import pytest
 from oracles import OracleDraft
-from test_generate import long_prompt, plain, spec
+from decoding import long_prompt, plain, spec
 
 from dflash_mlx.adaptive import AdaptiveBlockSize, FixedBlockSize
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 import tiny
 from mlx.utils import tree_flatten, tree_map
-from test_generate import plain, spec
-from test_verify import chi2, chi2_critical
+from decoding import plain, spec
+from chisquare import chi2, chi2_critical
 
 from dflash_mlx import SamplingParams, load, load_draft, stream_generate
 from dflash_mlx.draft import Model

@@ -5,12 +5,12 @@ import mlx_lm
 import pytest
 import tiny
 from mlx.utils import tree_flatten
+from decoding import PROMPTS, long_prompt, plain, spec
 from oracles import OracleDraft
 
 from dflash_mlx import load, load_draft, make_prompt_cache, stream_generate
 
 FAMILIES = list(tiny.FAMILIES)
-PROMPTS = ["hello world, this is a test", "1, 2, 3, 4,", "The quick brown fox"]
 
 
 @pytest.fixture(scope="module")
@@ -25,27 +25,6 @@ def loaded(tiny_pair):
         return cache[family]
 
     return get
-
-
-def plain(model, tok, prompt, max_tokens):
-    return [
-        r.token
-        for r in mlx_lm.stream_generate(model, tok, prompt, max_tokens=max_tokens)
-    ]
-
-
-def long_prompt(model, tok, n=40):
-    """A prompt whose greedy continuation runs n tokens without hitting EOS."""
-    for text in PROMPTS + ["Once upon a time", "abc abc abc", "def f(x):"]:
-        ids = tok.encode(text)
-        if len(plain(model, tok, ids, n)) == n:
-            return ids
-    raise AssertionError("no long prompt for this tiny model")
-
-
-def spec(model, draft, tok, prompt, **kw):
-    responses = list(stream_generate(model, draft, tok, prompt, **kw))
-    return [t for r in responses for t in r.tokens], responses
 
 
 def oracle(draft, reference, wrong=lambda k, i: False):

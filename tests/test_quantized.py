@@ -5,7 +5,7 @@ import mlx.nn as nn
 import pytest
 import tiny
 from oracles import OracleDraft
-from test_generate import long_prompt, plain, spec
+from decoding import long_prompt, plain, spec
 
 from dflash_mlx import load, load_draft
 from dflash_mlx.draft import WindowedKVCache

@@ -4,7 +4,7 @@
 import mlx.core as mx
 import numpy as np
 import pytest
-from test_verify import chi2, chi2_critical
+from chisquare import chi2, chi2_critical
 
 from dflash_mlx import SamplingParams, load, load_draft, stream_generate
 from dflash_mlx.draft import Model
