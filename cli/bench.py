@@ -6,6 +6,8 @@ from pathlib import Path
 
 import typer
 
+from . import options
+
 
 @dataclass
 class BenchOptions:
@@ -25,7 +27,7 @@ class BenchOptions:
 
 def resolve_models(model: str | None, draft: str | None) -> tuple[str, str]:
     """Target and drafter: as given, else the built-in default pair / the drafter registry."""
-    from dflash_mlx.chat import resolve_models as resolve
+    from dflash_mlx.resolve import resolve_models as resolve
 
     model, draft, _ = resolve(model, draft)
     if draft is None:
@@ -156,12 +158,8 @@ def bench(
         help="gsm8k, math500, humaneval, mbpp, "
         "mt-bench, all, a comma list, or a .jsonl file of prompts/turns.",
     ),
-    model: str | None = typer.Option(
-        None, "--model", "-m", help="Target: Hub id or folder."
-    ),
-    draft: str | None = typer.Option(
-        None, "--draft", help="DFlash drafter: Hub id or folder."
-    ),
+    model: str | None = options.model(help="Target: Hub id or folder."),
+    draft: str | None = options.draft("--draft", help="DFlash drafter: Hub id or folder."),
     max_samples: int | None = typer.Option(
         None, "--max-samples", "-n", help="Prompts per dataset (default: all)."
     ),

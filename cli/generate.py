@@ -5,38 +5,23 @@ import sys
 
 import typer
 
-from .chat import DRAFT_HELP, MODEL_HELP, parse_block_size
+from . import options
 
 
 def generate(
     prompt: str = typer.Option(
         ..., "--prompt", "-p", help="The prompt; '-' reads it from stdin."
     ),
-    model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP),
-    draft: str | None = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
-    block_size: str | None = typer.Option(
-        None,
-        "--block-size",
-        "-b",
-        help="Verify block size, or 'auto' (the default: picked per block from measured speed).",
-    ),
-    temp: float = typer.Option(
-        0.0, "--temp", "-t", min=0.0, help="Temperature (0 = greedy)."
-    ),
-    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
-    top_k: int = typer.Option(0, "--top-k", min=0, help="0 disables top-k."),
-    max_tokens: int = typer.Option(
-        256, "--max-tokens", "-n", help="-1: up to the context."
-    ),
-    system: str | None = typer.Option(None, "--system", "-s", help="System prompt."),
-    thinking: bool | None = typer.Option(
-        None,
-        "--thinking/--no-thinking",
-        help="enable_thinking for templates that support it.",
-    ),
-    no_draft: bool = typer.Option(
-        False, "--no-draft", help="Plain decoding, no drafter."
-    ),
+    model: str | None = options.model(),
+    draft: str | None = options.draft(),
+    block_size: str | None = options.block_size(),
+    temp: float = options.temperature(),
+    top_p: float = options.top_p(),
+    top_k: int = options.top_k(),
+    max_tokens: int = options.max_tokens(256),
+    system: str | None = options.system(),
+    thinking: bool | None = options.thinking(),
+    no_draft: bool = options.no_draft(),
     raw: bool = typer.Option(
         False, "--raw", help="Send the prompt as-is, without the chat template."
     ),
@@ -48,10 +33,11 @@ def generate(
     ),
 ):
     """Generate one answer: text to stdout, statistics to stderr (or --json)."""
-    from dflash_mlx.chat import Settings, split_thinking
+    from dflash_mlx.chat import Settings
+    from dflash_mlx.conversation import split_thinking
 
     from . import ui
-    from .chat import open_session
+    from .session import open_session
 
     err = ui.console(stderr=True)
     if prompt == "-":
@@ -74,7 +60,7 @@ def generate(
         top_p=top_p,
         top_k=top_k,
         max_tokens=max_tokens,
-        block_size=parse_block_size(block_size),
+        block_size=options.parse_block_size(block_size),
     )
     try:
         session, note = open_session(

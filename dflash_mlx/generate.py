@@ -9,7 +9,7 @@ policy with a `cut` (block_size="auto") syncs the drafts first to verify only a 
 
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Union
 
 import mlx.core as mx
@@ -244,6 +244,8 @@ class GenerationResponse:
     from_draft: int = 0  # leading tokens of `tokens` that were drafted
     block_size: int = 1  # tokens the target verified for this block
     reused_tokens: int = 0  # prompt tokens served from the prompt cache
+    # the text of each of `tokens` (a stop token's is ''); joined, they are `text`
+    token_texts: list[str] = field(default_factory=list)
 
     @property
     def token(self) -> int | None:
@@ -266,7 +268,8 @@ def _block_policy(block_size, draft):
     return FixedBlockSize(block_size)
 
 
-def _wrap_tokenizer(tokenizer):
+def wrap_tokenizer(tokenizer):
+    """`tokenizer` as mlx-lm's `TokenizerWrapper` (streaming detokenizer, EOS ids)."""
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
     return (
@@ -320,7 +323,7 @@ def stream_generate(
 
         check_compatible(model, draft)
     target = _as_target(model, draft)
-    tokenizer = _wrap_tokenizer(tokenizer)
+    tokenizer = wrap_tokenizer(tokenizer)
     ids = encode_prompt(tokenizer, prompt)
     if not ids:
         raise ValueError("The prompt is empty: give at least one token.")
@@ -353,6 +356,21 @@ def stream_generate(
             blocks.close()  # roll back a block still in flight, now rather than at GC
 
 
+def _token_texts(block: Block, detokenizer, last: bool) -> list[str]:
+    """Each token's text (the stop token shows none); flushed at the last block."""
+    shown = block.tokens[:-1] if block.finished else block.tokens
+    texts = []
+    for t in shown:
+        detokenizer.add_token(t)
+        texts.append(detokenizer.last_segment)
+    if block.finished:
+        texts.append("")
+    if last:
+        detokenizer.finalize()
+        texts[max(len(shown) - 1, 0)] += detokenizer.last_segment
+    return texts
+
+
 def _responses(blocks, ids, max_tokens, detokenizer, tic):
     """Turn committed blocks into `GenerationResponse`s (text, timing, memory)."""
     n, prompt_tps, reused = 0, 0.0, 0
@@ -362,13 +380,10 @@ def _responses(blocks, ids, max_tokens, detokenizer, tic):
             prompt_tps = (len(ids) - reused) / max(time.perf_counter() - tic, 1e-9)
             tic = time.perf_counter()
         n += len(block.tokens)
-        for t in block.tokens[:-1] if block.finished else block.tokens:
-            detokenizer.add_token(t)
         last = block.finished or 0 <= max_tokens <= n
-        if last:
-            detokenizer.finalize()
+        texts = _token_texts(block, detokenizer, last)
         yield GenerationResponse(
-            text=detokenizer.last_segment,
+            text="".join(texts),
             tokens=block.tokens,
             accepted=len(block.tokens) if i else None,
             prompt_tokens=len(ids),
@@ -380,6 +395,7 @@ def _responses(blocks, ids, max_tokens, detokenizer, tic):
             from_draft=block.from_draft,
             block_size=block.block_size,
             reused_tokens=reused,
+            token_texts=texts,
         )
 
 

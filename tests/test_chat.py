@@ -8,15 +8,11 @@ import pytest
 import tiny
 
 from dflash_mlx import load, load_draft
-from dflash_mlx.chat import (
-    ChatSession,
-    Piece,
-    Settings,
-    _Splitter,
-    resolve_models,
-    split_thinking,
-)
+from dflash_mlx.chat import ChatSession, Piece, Settings
+from dflash_mlx.chat.turn import ThinkTracker
+from dflash_mlx.conversation import split_thinking
 from dflash_mlx.generate import GenerationResponse
+from dflash_mlx.resolve import resolve_models
 
 
 @pytest.fixture(scope="module")
@@ -196,51 +192,59 @@ def test_draft_commands_without_a_drafter(pair):
     assert s.turns[0].mode == "plain"
 
 
-class _Tok:
-    """Just enough tokenizer for _Splitter: one id per string."""
-
-    def __init__(self, vocab):
-        self.vocab = vocab
-
-    @property
-    def detokenizer(self):
-        outer = self
-
-        class D:
-            last_segment = ""
-
-            def add_token(self, t):
-                self.last_segment = outer.vocab[t]
-
-            def finalize(self):
-                self.last_segment = ""
-
-        return D()
-
-
-def response(tokens, from_draft, finish=None):
+def response(texts, from_draft, finish=None):
+    tokens = list(range(len(texts)))
     return GenerationResponse(
-        "", tokens, len(tokens), 1, 1.0, 1, 1.0, 0.0, finish, from_draft
+        "".join(texts), tokens, len(tokens), 1, 1.0, 1, 1.0, 0.0, finish, from_draft,
+        token_texts=texts,
     )
 
 
-def test_splitter_marks_drafted_tokens_and_thinking():
-    tok = _Tok({0: "<think>", 1: "hm", 2: "</think>", 3: "Hi", 4: "!", 5: "<eos>"})
-    sp = _Splitter(tok, thinking=False)
-    assert sp.split(response([0, 1], 1)) == [
+def test_pieces_mark_drafted_tokens_and_thinking():
+    tracker = ThinkTracker(thinking=False)
+    assert tracker.pieces(response(["<think>", "hm"], 1)) == [
         Piece("<think>", True, True),
         Piece("hm", False, True),
     ]
-    assert sp.split(response([2, 3, 4], 2)) == [
+    assert tracker.pieces(response(["</think>", "Hi", "!"], 2)) == [
         Piece("</think>", True, True),
         Piece("Hi", True, False),
         Piece("!", False, False),
     ]
-    assert sp.split(response([4, 5], 1, "stop")) == [
-        Piece("!", True, False)
-    ]  # EOS not shown
-    sp = _Splitter(tok, thinking=True)  # the template opened <think> in the prompt
-    assert sp.split(response([1, 2, 3], 0))[0] == Piece("hm", False, True)
+    # a stop token has no text and makes no piece
+    assert tracker.pieces(response(["!", ""], 1, "stop")) == [Piece("!", True, False)]
+    # one token's text holding a whole <think>...</think> and the answer after it
+    assert ThinkTracker(False).pieces(response(["<think>a</think>b"], 0)) == [
+        Piece("<think>", False, True),
+        Piece("a</think>", False, True),
+        Piece("b", False, False),
+    ]
+    tracker = ThinkTracker(thinking=True)  # the template opened <think> in the prompt
+    assert tracker.pieces(response(["hm", "</think>", "Hi"], 0))[0] == Piece(
+        "hm", False, True
+    )
+
+
+def test_token_texts_join_to_the_response_text(pair):
+    model, tokenizer, draft = pair
+    from dflash_mlx import stream_generate
+
+    responses = list(
+        stream_generate(model, draft, tokenizer, "héllo wörld", max_tokens=20)
+    )
+    for r in responses:
+        assert len(r.token_texts) == len(r.tokens)
+        assert "".join(r.token_texts) == r.text
+    # the same text as mlx-lm's streaming detokenizer fed the same tokens one by one
+    detokenizer = tokenizer.detokenizer
+    streamed = []
+    for t in [t for r in responses for t in r.tokens]:
+        if t not in tokenizer.eos_token_ids:
+            detokenizer.add_token(t)
+            streamed.append(detokenizer.last_segment)
+    detokenizer.finalize()
+    streamed.append(detokenizer.last_segment)
+    assert "".join(r.text for r in responses) == "".join(streamed)
 
 
 def test_split_thinking():
