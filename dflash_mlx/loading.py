@@ -89,6 +89,14 @@ def _read_config(path: Path, what: str) -> dict:
         ) from e
 
 
+def read_safetensors(path) -> dict[str, mx.array]:
+    """`mx.load` of a .safetensors file, checked to be what it returns: name -> array."""
+    weights = mx.load(str(path))
+    if not isinstance(weights, dict):
+        raise ValueError(f"'{path}' holds no named tensors: is it a .safetensors file?")
+    return weights
+
+
 def _read_weights(path: Path, what: str) -> dict:
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -98,7 +106,7 @@ def _read_weights(path: Path, what: str) -> dict:
     weights = {}
     for f in files:
         try:
-            weights.update(mx.load(str(f)))
+            weights.update(read_safetensors(f))
         except Exception as e:
             raise ValueError(
                 f"{what} weights '{f}' cannot be read ({e}); the file is corrupt "

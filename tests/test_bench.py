@@ -395,6 +395,7 @@ def test_plot_writes_a_png(tmp_path):
     records = [
         _record("baseline", 1, [], 10.0),
         _record("dflash", 4, [4, 2], 20.0, lossless=True),
+        _record("dflash", "auto", [3, 1, 5], 25.0, lossless=True),
     ]
     path = tmp_path / "bench.png"
     bench.write_plot(records, bench.summarize(records), path)
