@@ -11,29 +11,11 @@ one target forward and the acceptance step per block. On Linux, say which BLAS y
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-
-def build_pair(family, hidden, layers, root):
-    import tiny
-
-    t = tiny.make_target(
-        root / "target",
-        family,
-        hidden_size=hidden,
-        intermediate_size=hidden * 3,
-        num_hidden_layers=layers,
-        vocab_size=4096,
-    )
-    d = tiny.make_draft(
-        root / "draft", t, num_layers=2, block_size=16, intermediate_size=hidden * 3
-    )
-    return str(t), str(d)
+from random_pair import make_pair
 
 
 def run(engine, model, draft, tok, prompt, max_tokens, block_size):
@@ -68,13 +50,12 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         model_path, draft_path = args.model, args.draft
         if not model_path:
-            model_path, draft_path = build_pair(
-                args.family, args.hidden, args.layers, Path(tmp)
+            model_path, draft_path = make_pair(
+                Path(tmp), args.family, args.hidden, args.layers
             )
         ours_model, tok = dflash_mlx.load(model_path)
-        ref_model, _ = dflash_mlx.load(
-            model_path
-        )  # the reference wraps its model's layers
+        # the reference wraps its model's layers: it gets its own copy
+        ref_model, _ = dflash_mlx.load(model_path)
         tok.eos_token_ids = set()  # random models: measure full-length generations
         draft = dflash_mlx.load_draft(draft_path)
         ref_draft = reference.DFlashDraftModel(reference_config(draft.args))

@@ -2,7 +2,7 @@
 
     python examples/memory_vs_prompt.py [--family qwen3] [--lengths 1024,2048,4096,8192,16384]
 
-Builds a small random target + drafter (tests/tiny.py), then for each prompt length runs
+Builds a small random target + drafter (random_pair.py), then for each prompt length runs
 stream_generate (chunked prefill, 16 new tokens) and plain mlx-lm decoding, and reports
 both peaks, the bytes held by the target and drafter caches, and the weights, as a table
 and one JSON line. On the CPU backend the attention of a prefill chunk materializes
@@ -11,11 +11,10 @@ chunk x context scores, in mlx-lm as here: that term is linear in the prompt too
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from random_pair import make_pair
 
 
 def cache_bytes(caches) -> int:
@@ -37,18 +36,24 @@ def main():
 
     import mlx.core as mx
     import mlx_lm
-    import tiny
     from mlx.utils import tree_flatten
 
     from dflash_mlx import load, load_draft, make_prompt_cache, stream_generate
 
     with tempfile.TemporaryDirectory() as tmp:
-        t = tiny.make_target(
-            Path(tmp) / "t", args.family, max_position_embeddings=32768
+        # the shapes the README's memory table was measured with
+        t, d = make_pair(
+            Path(tmp),
+            args.family,
+            hidden=64,
+            layers=4,
+            block_size=8,
+            intermediate_size=128,
+            vocab_size=272,
+            max_position_embeddings=32768,
         )
-        d = tiny.make_draft(Path(tmp) / "d", t, max_position_embeddings=32768)
-        model, tok = load(str(t))
-        draft = load_draft(str(d), sliding_window_size=args.draft_window)
+        model, tok = load(t)
+        draft = load_draft(d, sliding_window_size=args.draft_window)
         weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
         weights += sum(v.nbytes for _, v in tree_flatten(draft.parameters()))
         rows = []
