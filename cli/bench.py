@@ -111,9 +111,7 @@ def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
             "warm-up", total=bench.count_turns(samples), speedup=ui.speedup_text(None)
         )
         try:
-            for i, turn in enumerate(
-                bench.run(tokenizer, all_engines, samples, config)
-            ):
+            for turn in bench.run(tokenizer, all_engines, samples, config):
                 records.extend(turn)
                 tally.add(turn)
                 bar.update(
@@ -159,7 +157,9 @@ def bench(
         "mt-bench, all, a comma list, or a .jsonl file of prompts/turns.",
     ),
     model: str | None = options.model(help="Target: Hub id or folder."),
-    draft: str | None = options.draft("--draft", help="DFlash drafter: Hub id or folder."),
+    draft: str | None = options.draft(
+        "--draft", help="DFlash drafter: Hub id or folder."
+    ),
     max_samples: int | None = typer.Option(
         None, "--max-samples", "-n", help="Prompts per dataset (default: all)."
     ),

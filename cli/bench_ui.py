@@ -1,6 +1,5 @@
 """Rich rendering for `dflash-mlx bench`: progress, result tables, histograms, environment."""
 
-
 from rich import box
 from rich.console import Console
 from rich.panel import Panel

@@ -6,6 +6,7 @@ import typer
 
 from . import options
 
+
 class SoftInterrupt:
     """First Ctrl-C asks the answer to stop at the next block; a second one interrupts hard."""
 
@@ -105,7 +106,7 @@ def chat(
         )
     except ValueError as e:
         ui.error(out, str(e))
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     ui.banner(
         out,
         {

@@ -28,9 +28,7 @@ def generate(
     as_json: bool = typer.Option(
         False, "--json", help="Print one JSON record instead of the text."
     ),
-    seed: int | None = typer.Option(
-        None, "--seed", help="Random seed for sampling."
-    ),
+    seed: int | None = typer.Option(None, "--seed", help="Random seed for sampling."),
 ):
     """Generate one answer: text to stdout, statistics to stderr (or --json)."""
     from dflash_mlx.chat import Settings
@@ -81,7 +79,7 @@ def generate(
                 sys.stdout.flush()
     except ValueError as e:
         ui.error(err, str(e))
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     if as_json:
         thought, answer = split_thinking(text)
         record = {

@@ -29,7 +29,9 @@ class SamplingParams:
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
         if not 0 <= self.top_p <= 1:
-            raise ValueError(f"top_p must be in [0, 1] (0 or 1: off), got {self.top_p}.")
+            raise ValueError(
+                f"top_p must be in [0, 1] (0 or 1: off), got {self.top_p}."
+            )
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}.")
         if not 0 <= self.min_p <= 1:

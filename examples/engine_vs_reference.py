@@ -71,7 +71,7 @@ def main():
         )
         rates = {name: [] for name in engines}
         outputs = {}
-        for name, (fn, m, d) in engines.items():  # warm-up
+        for fn, m, d in engines.values():  # warm-up
             run(fn, m, d, tok, prompt, 16, args.block_size)
         for i in range(args.repeats):
             order = list(engines.items())
@@ -85,7 +85,7 @@ def main():
         summary = {name: round(sorted(v)[len(v) // 2], 1) for name, v in rates.items()}
         blas = blas_in_use()["name"]
         print(f"BLAS: {blas}")
-        print(f"{'engine':<12} {'tok/s (median of %d)' % args.repeats:>22}")
+        print(f"{'engine':<12} {f'tok/s (median of {args.repeats})':>22}")
         for name, tps in summary.items():
             print(f"{name:<12} {tps:>22.1f}")
         print(f"identical outputs: {same}")

@@ -64,29 +64,31 @@ def main():
             cache = make_prompt_cache(model, draft)
             mx.clear_cache()
             mx.reset_peak_memory()
-            for r in stream_generate(
-                model,
-                draft,
-                tok,
-                prompt,
-                max_tokens=16,
-                prompt_cache=cache,
-                prefill_step_size=args.prefill_step_size,
-            ):
-                pass
+            r = list(
+                stream_generate(
+                    model,
+                    draft,
+                    tok,
+                    prompt,
+                    max_tokens=16,
+                    prompt_cache=cache,
+                    prefill_step_size=args.prefill_step_size,
+                )
+            )[-1]
             kv = cache_bytes(cache.target) + cache_bytes(cache.draft)
             draft_kv = cache_bytes(cache.draft)
             del cache
             mx.clear_cache()
             mx.reset_peak_memory()
-            for b in mlx_lm.stream_generate(
-                model,
-                tok,
-                prompt,
-                max_tokens=16,
-                prefill_step_size=args.prefill_step_size,
-            ):
-                pass
+            b = list(
+                mlx_lm.stream_generate(
+                    model,
+                    tok,
+                    prompt,
+                    max_tokens=16,
+                    prefill_step_size=args.prefill_step_size,
+                )
+            )[-1]
             rows.append(
                 dict(
                     prompt=n,

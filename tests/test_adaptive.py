@@ -1,8 +1,8 @@
 """The adaptive block size: picks what is fastest here, stays lossless."""
 
 import pytest
-from oracles import OracleDraft
 from decoding import long_prompt, plain, spec
+from oracles import OracleDraft
 
 from dflash_mlx.adaptive import AdaptiveBlockSize, FixedBlockSize
 

@@ -195,7 +195,16 @@ def test_draft_commands_without_a_drafter(pair):
 def response(texts, from_draft, finish=None):
     tokens = list(range(len(texts)))
     return GenerationResponse(
-        "".join(texts), tokens, len(tokens), 1, 1.0, 1, 1.0, 0.0, finish, from_draft,
+        "".join(texts),
+        tokens,
+        len(tokens),
+        1,
+        1.0,
+        1,
+        1.0,
+        0.0,
+        finish,
+        from_draft,
         token_texts=texts,
     )
 

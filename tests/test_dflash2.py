@@ -3,8 +3,8 @@
 import mlx.core as mx
 import pytest
 import tiny
-from mlx.utils import tree_flatten
 from decoding import long_prompt, plain, spec
+from mlx.utils import tree_flatten
 from reference_drafter import reference_draft
 
 from dflash_mlx import SamplingParams, Target, load, load_draft, stream_generate

@@ -6,9 +6,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 import tiny
-from mlx.utils import tree_flatten, tree_map
-from decoding import plain, spec
 from chisquare import chi2, chi2_critical
+from decoding import plain, spec
+from mlx.utils import tree_flatten, tree_map
 
 from dflash_mlx import SamplingParams, load, load_draft, stream_generate
 from dflash_mlx.draft import Model

@@ -4,8 +4,8 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 import tiny
-from mlx.utils import tree_flatten
 from decoding import PROMPTS, long_prompt, plain, spec
+from mlx.utils import tree_flatten
 from oracles import OracleDraft
 
 from dflash_mlx import load, load_draft, make_prompt_cache, stream_generate
@@ -168,7 +168,7 @@ def test_interrupted_generation_leaves_a_consistent_cache(loaded, family):
     gen = stream_generate(
         model, drafter, tok, prompt, max_tokens=40, block_size=8, prompt_cache=cache
     )
-    got = [t for _, r in zip(range(3), gen) for t in r.tokens]
+    got = [t for _, r in zip(range(3), gen, strict=False) for t in r.tokens]
     gen.close()
     assert cache.tokens == prompt + got[:-1]
     assert all(c.offset == len(cache.tokens) for c in cache.draft)
@@ -196,5 +196,5 @@ def test_weights_unchanged_by_generation(loaded):
     layers = list(model.layers)
     list(stream_generate(model, draft, tok, PROMPTS[0], max_tokens=6))
     assert list(model.layers) == layers
-    assert all(type(l).__module__.startswith("mlx_lm") for l in model.layers)
+    assert all(type(x).__module__.startswith("mlx_lm") for x in model.layers)
     assert {k for k, _ in tree_flatten(model.parameters())} == set(before)

@@ -4,8 +4,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 import tiny
-from oracles import OracleDraft
 from decoding import long_prompt, plain, spec
+from oracles import OracleDraft
 
 from dflash_mlx import load, load_draft
 from dflash_mlx.draft import WindowedKVCache
@@ -78,7 +78,7 @@ def test_stored_quantized_draft_checkpoint(tmp_path, tiny_pair):
     (q / "config.json").write_text(json.dumps(config))
     again = load_draft(str(q))
     for (k1, v1), (k2, v2) in zip(
-        tree_flatten(quant.parameters()), tree_flatten(again.parameters())
+        tree_flatten(quant.parameters()), tree_flatten(again.parameters()), strict=True
     ):
         assert k1 == k2 and mx.array_equal(v1, v2)
     shutil.rmtree(q)

@@ -3,7 +3,6 @@
 import mlx.core as mx
 import pytest
 import tiny
-from mlx.utils import tree_flatten
 from oracles import OracleDraft, proposal_logits
 from reference_drafter import reference_draft
 

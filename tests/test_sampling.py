@@ -1,6 +1,5 @@
 """End to end: speculative sampling through stream_generate has the target's distribution."""
 
-
 import mlx.core as mx
 import numpy as np
 import pytest

@@ -141,7 +141,9 @@ def count_turns(samples: dict[str, list[Sample]]) -> int:
     return sum(len(s.turns) for items in samples.values() for s in items)
 
 
-def _slots(engines: dict[str, Engine], block_sizes: list) -> list[tuple[str, int | str]]:
+def _slots(
+    engines: dict[str, Engine], block_sizes: list
+) -> list[tuple[str, int | str]]:
     # "auto" is this package's adaptive block size; the reference has no such mode
     slots: list[tuple[str, int | str]] = [(BASELINE, 1)]
     return slots + [
@@ -236,6 +238,10 @@ def _check(records: list[Record], temperature: float):
         r.lossless = r.output == base
         if not r.lossless:
             r.first_mismatch = next(
-                (i for i, (a, b) in enumerate(zip(r.output, base, strict=False)) if a != b),
+                (
+                    i
+                    for i, (a, b) in enumerate(zip(r.output, base, strict=False))
+                    if a != b
+                ),
                 min(len(r.output), len(base)),
             )

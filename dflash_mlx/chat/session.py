@@ -160,7 +160,9 @@ class ChatSession:
         if not self.reuse_cache:
             self.cache = make_prompt_cache(self.model, self.draft)
         self.messages.append(user)
-        turn = Turn(self.mode, self.block_size, conversation.opens_thinking(prompt_text))
+        turn = Turn(
+            self.mode, self.block_size, conversation.opens_thinking(prompt_text)
+        )
         gen = stream_generate(
             self.model,
             self.draft,
@@ -227,9 +229,7 @@ class ChatSession:
         }
 
     def transcript(self) -> dict:
-        return transcript(
-            self.messages, self.system, asdict(self.settings), self.names
-        )
+        return transcript(self.messages, self.system, asdict(self.settings), self.names)
 
     def save(self, path) -> Path:
         return save(self.transcript(), path)
