@@ -68,7 +68,8 @@ def _engines(opts: BenchOptions, model, draft, tokenizer, ids: tuple[str, str]) 
 
 
 def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
-    """Run the benchmark and render it; the exit code (non-zero on a losslessness failure).
+    """Run the benchmark and render it; the exit code (non-zero on a losslessness
+    failure).
 
     `engines` replaces engines by name (tests pass a deliberately wrong one)."""
     from dflash_mlx import bench, load, load_draft

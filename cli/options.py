@@ -1,7 +1,8 @@
 """Options that several commands declare, made once here (a fresh typer.Option per use).
 
 Each function returns the option for a command's signature; the commands keep their own
-defaults and help where those differ (`bench` sweeps block sizes, `chat` answers longer).
+defaults and help where those differ (`bench` sweeps block sizes, `chat` answers
+longer).
 """
 
 import typer

@@ -2,16 +2,17 @@
 
 A block of size B costs t(B) seconds (one draft forward + one target forward over B
 tokens; B = 1 is plain decoding, no drafter) and commits E(B) tokens on average, where
-E(B) = 1 + sum_{j<B} prod_{k<=j} alpha_k and alpha_k is the rate at which the k-th draft is
-accepted given the ones before it were. The policy measures both as it goes and picks
+E(B) = 1 + sum_{j<B} prod_{k<=j} alpha_k and alpha_k is the rate at which the k-th draft
+is accepted given the ones before it were. The policy measures both as it goes and picks
 the B with the most tokens per second, so a slow machine or a weak drafter falls back to
-plain decoding instead of running slower than it. Any B is lossless; only speed depends on it.
+plain decoding instead of running slower than it. Any B is lossless; only speed depends
+on it.
 
 Within a block it also decides how many drafts to verify (`cut`): verifying T tokens
-costs v(T), measured per T, and draft k is worth verifying when the tokens it is expected
-to add (the product of the drafter's confidences up to k) pay for its share of v at the
-current rate. Where v grows with T (CPUs) this skips hopeless drafts; where v is flat
-(GPUs running a big target) it keeps them all.
+costs v(T), measured per T, and draft k is worth verifying when the tokens it is
+expected to add (the product of the drafter's confidences up to k) pay for its share of
+v at the current rate. Where v grows with T (CPUs) this skips hopeless drafts; where v
+is flat (GPUs running a big target) it keeps them all.
 """
 
 
@@ -129,7 +130,8 @@ class AdaptiveBlockSize:
         return v0 if t1 == t0 else v0 + (v1 - v0) * (tokens - t0) / (t1 - t0)
 
     def cut(self, confidence: list) -> int:
-        """How many of the drafts (with the drafter's probabilities `confidence`) to verify.
+        """How many of the drafts (with the drafter's probabilities `confidence`) to
+        verify.
 
         Maximises expected tokens − rate × v(1 + k): verifying more pays only if the
         drafts are likely enough to be accepted. Until v and the rate are measured, all.

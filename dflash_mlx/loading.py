@@ -166,7 +166,8 @@ def load_draft(
     """Load a DFlash drafter (z-lab format; with no argument, the built-in default's).
 
     With `target`, also check that it fits it. `bits` (4 or 8) quantizes its linear
-    layers; `sliding_window_size` bounds the context it keeps (speed/memory, not output).
+    layers; `sliding_window_size` bounds the context it keeps (speed/memory, not
+    output).
     """
     if path_or_repo is None:
         from .defaults import default_draft

@@ -1,4 +1,5 @@
-"""Which target and drafter to load: command-line names, the built-in pair, the registry.
+"""Which target and drafter to load: command-line names, the built-in pair, the
+registry.
 
 Nothing here loads weights; `loading.py` does, from the names chosen here.
 """

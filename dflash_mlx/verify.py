@@ -85,8 +85,8 @@ def accept_greedy(drafts: mx.array, target_logits: mx.array):
 def accept_sampled(drafts: mx.array, draft_probs: mx.array, target_probs: mx.array):
     """Lossless speculative sampling (Leviathan et al.) for a parallel-drafted block.
 
-    drafts (n,) were sampled from draft_probs (n, V); target_probs is (n+1, V). Accept d_i
-    with probability min(1, p_i(d_i)/q_i(d_i)); at the first rejection draw from
+    drafts (n,) were sampled from draft_probs (n, V); target_probs is (n+1, V). Accept
+    d_i with probability min(1, p_i(d_i)/q_i(d_i)); at the first rejection draw from
     normalize(max(0, p_i - q_i)); if all are accepted draw a bonus token from p_n.
     """
     n = drafts.shape[0]

@@ -1,12 +1,14 @@
-"""Tok/s of dflash-mlx next to the reference `dflash.model_mlx` engine, same models, same run.
+"""Tok/s of dflash-mlx next to the reference `dflash.model_mlx` engine, same models,
+same run.
 
     python examples/engine_vs_reference.py                 # a small random qwen3 + drafter
     python examples/engine_vs_reference.py --family qwen3_5 --hidden 512 --layers 8
     python examples/engine_vs_reference.py --model PATH --draft PATH
 
-Needs the reference package: `pip install --no-deps dflash==0.1.0`. With random weights the
-drafter is rarely accepted (tau ~ 1), so this measures engine overhead: one drafter forward,
-one target forward and the acceptance step per block. On Linux, say which BLAS you ran on.
+Needs the reference package: `pip install --no-deps dflash==0.1.0`. With random weights
+the drafter is rarely accepted (tau ~ 1), so this measures engine overhead: one drafter
+forward, one target forward and the acceptance step per block. On Linux, say which BLAS
+you ran on.
 """
 
 import argparse

@@ -2,11 +2,12 @@
 
     python examples/memory_vs_prompt.py [--family qwen3] [--lengths 1024,2048,4096,8192,16384]
 
-Builds a small random target + drafter (random_pair.py), then for each prompt length runs
-stream_generate (chunked prefill, 16 new tokens) and plain mlx-lm decoding, and reports
-both peaks, the bytes held by the target and drafter caches, and the weights, as a table
-and one JSON line. On the CPU backend the attention of a prefill chunk materializes
-chunk x context scores, in mlx-lm as here: that term is linear in the prompt too.
+Builds a small random target + drafter (random_pair.py), then for each prompt length
+runs stream_generate (chunked prefill, 16 new tokens) and plain mlx-lm decoding, and
+reports both peaks, the bytes held by the target and drafter caches, and the weights, as
+a table and one JSON line. On the CPU backend the attention of a prefill chunk
+materializes chunk x context scores, in mlx-lm as here: that term is linear in the
+prompt too.
 """
 
 import argparse

@@ -1,5 +1,6 @@
 """Benchmark library half: plain mlx-lm decoding against DFlash on the same prompts, the
-losslessness check at temperature 0, and summaries. Nothing here prints; the CLI renders.
+losslessness check at temperature 0, and summaries. Nothing here prints; the CLI
+renders.
 
 engines.py (what is compared) · measure.py (timing every prompt turn) · summary.py
 (rows, JSON report, running tally) · environment.py (machine, BLAS, versions) ·

@@ -58,8 +58,8 @@ class Record:
 
 
 def parse_block_sizes(text: str | None) -> list | None:
-    """`--block-size` value: "16", "4,8,16" or "8,auto" → [16] / [4, 8, 16] / [8, "auto"];
-    None stays None. "auto" picks the size per block from measured speed."""
+    """`--block-size` value: "16", "4,8,16" or "8,auto" → [16] / [4, 8, 16] / [8,
+    "auto"]; None stays None. "auto" picks the size per block from measured speed."""
     if text is None or not str(text).strip():
         return None
     try:
@@ -181,9 +181,9 @@ def run(
 ) -> Iterator[list[Record]]:
     """Measure every prompt turn under the baseline and each (engine, block size).
 
-    Yields the records of one turn at a time. The order of the runs rotates from one turn
-    to the next, so neither mode always runs first. At temperature 0 each engine's tokens
-    are compared with the baseline's (`Record.lossless`). In multi-turn sets the
+    Yields the records of one turn at a time. The order of the runs rotates from one
+    turn to the next, so neither mode always runs first. At temperature 0 each engine's
+    tokens are compared with the baseline's (`Record.lossless`). In multi-turn sets the
     baseline's answer goes back into the history.
     """
     if BASELINE not in engines:

@@ -1,5 +1,5 @@
-"""Summaries of measured records: one row per (dataset, engine, block size), the one-line
-JSON, the full `--json` report, and the running speedup shown while it runs."""
+"""Summaries of measured records: one row per (dataset, engine, block size), the
+one-line JSON, the full `--json` report, and the running speedup shown while it runs."""
 
 import statistics
 from collections.abc import Iterable
@@ -63,7 +63,8 @@ def _failure(r: Record) -> dict:
 
 def summarize(records: list[Record]) -> dict:
     """One row per (dataset, engine, block size), plus an `all` row per (engine, block
-    size) when there are several datasets; `lossless` is False if any output differed."""
+    size) when there are several datasets; `lossless` is False if any output
+    differed."""
     datasets = list(dict.fromkeys(r.dataset for r in records))
     keys = list(
         dict.fromkeys((r.engine, r.block_size) for r in records if r.engine != BASELINE)

@@ -1,5 +1,6 @@
 """`ChatSession`: the history, the caches kept across turns, and the settings the slash
-commands change. Rendering, turns, commands and transcripts live in their own modules."""
+commands change. Rendering, turns, commands and transcripts live in their own
+modules."""
 
 from collections.abc import Generator
 from dataclasses import asdict, dataclass
@@ -84,7 +85,8 @@ class ChatSession:
 
     def encode(self, prompt_text: str) -> list[int]:
         """Prompt ids; the last exchange keeps its exact ids (the answer as generated,
-        not re-tokenized) when the template renders it verbatim, so the cache matches."""
+        not re-tokenized) when the template renders it verbatim, so the cache
+        matches."""
         special = not self.template or self.raw
         return conversation.encode(
             self.tokenizer, prompt_text, self._last, special=special

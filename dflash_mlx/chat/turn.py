@@ -1,5 +1,5 @@
-"""One answer as it is generated: the text pieces the UI colours, its statistics, and the
-text and ids the history keeps."""
+"""One answer as it is generated: the text pieces the UI colours, its statistics, and
+the text and ids the history keeps."""
 
 import time
 from dataclasses import dataclass

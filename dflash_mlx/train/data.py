@@ -137,8 +137,8 @@ def regenerate(
     temperature: float = 0.0,
     seed: int = 0,
 ) -> Iterator[DataProgress]:
-    """Generate the target's own responses for `prompts` not yet in `path`, appending each
-    finished one (prompt ids + response ids) as a JSON line. Yields progress."""
+    """Generate the target's own responses for `prompts` not yet in `path`, appending
+    each finished one (prompt ids + response ids) as a JSON line. Yields progress."""
     import mlx.core as mx
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.sample_utils import make_sampler

@@ -25,8 +25,8 @@ def new_drafter_args(
     target_layer_ids: list | None = None,
     mask_token_id: int | None = None,
 ) -> ModelArgs:
-    """Drafter arguments for `target` (a `dflash_mlx.Target`): its hidden size, heads and
-    MLP width, `num_layers` Qwen3-style layers, features from `target_layer_ids`
+    """Drafter arguments for `target` (a `dflash_mlx.Target`): its hidden size, heads
+    and MLP width, `num_layers` Qwen3-style layers, features from `target_layer_ids`
     (default: 5 layers spread over the target, the z-lab convention)."""
     if num_layers < 1:
         raise ValueError(f"--draft-layers must be at least 1, got {num_layers}.")

@@ -1,6 +1,6 @@
-"""The training loop: weighted block loss, AdamW + cosine schedule with warm-up, gradient
-clipping and accumulation, checkpoints with exact resume, and validation τ measured with
-the real engine. It yields events; it never prints (the CLI renders them).
+"""The training loop: weighted block loss, AdamW + cosine schedule with warm-up,
+gradient clipping and accumulation, checkpoints with exact resume, and validation τ
+measured with the real engine. It yields events; it never prints (the CLI renders them).
 
 Randomness is a pure function of (seed, micro-batch index): the sample order of an epoch
 and the anchors of a sequence are re-derived on resume, so an interrupted run continues

@@ -125,7 +125,8 @@ def block_loss(
     masks: dict | None = None,
     head: DraftHead | None = None,
 ):
-    """(weighted cross-entropy normalised by the weight sum, weight sum, correct·weight sum).
+    """(weighted cross-entropy normalised by the weight sum, weight sum, correct·weight
+    sum).
 
     Only the drafter's parameters receive gradients: the target's embedding and head
     enter as constants of the graph. With a draft vocabulary, labels outside it carry no
