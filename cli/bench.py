@@ -1,4 +1,4 @@
-"""`dflash-mlx bench`: plain mlx-lm decoding vs DFlash on bundled or custom prompt sets."""
+"""`dflash-mlx bench`: plain mlx-lm decoding vs DFlash on bundled or custom prompts."""
 
 import json
 from dataclasses import dataclass, field
@@ -26,7 +26,7 @@ class BenchOptions:
 
 
 def resolve_models(model: str | None, draft: str | None) -> tuple[str, str]:
-    """Target and drafter: as given, else the built-in default pair / the drafter registry."""
+    """Target and drafter: as given, else the built-in pair or the drafter registry."""
     from dflash_mlx.resolve import resolve_models as resolve
 
     model, draft, _ = resolve(model, draft)
@@ -97,7 +97,7 @@ def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
     model, tokenizer = load(ids[0])
     ui.loading(out, f"drafter {ids[1]}")
     draft = load_draft(ids[1], target=model)
-    # auto by default; the reference engine has no auto, so it also gets the drafter's size
+    # auto by default; the reference has no auto, so it also gets the drafter's size
     config.block_sizes = config.block_sizes or (
         ["auto", draft.args.block_size] if opts.engines else ["auto"]
     )
@@ -190,7 +190,8 @@ def bench(
         [], "--engine", help="Also measure: reference (the dflash package)."
     ),
 ):
-    """Measure plain mlx-lm decoding against DFlash, prompt by prompt, and check losslessness."""
+    """Measure plain mlx-lm decoding against DFlash, prompt by prompt; check it is
+    lossless."""
     from . import bench_ui as ui
 
     opts = BenchOptions(

@@ -8,7 +8,7 @@ from . import options
 
 
 class SoftInterrupt:
-    """First Ctrl-C asks the answer to stop at the next block; a second one interrupts hard."""
+    """First Ctrl-C stops the answer at the next block; a second one interrupts hard."""
 
     def __init__(self):
         self.requested = False

@@ -43,7 +43,8 @@ def generate(
     if not prompt.strip():
         ui.error(
             err,
-            "The prompt is empty: pass --prompt TEXT, or --prompt - with text on stdin.",
+            "The prompt is empty: pass --prompt TEXT, or --prompt - with text on "
+            "stdin.",
         )
         raise typer.Exit(2)
     if max_tokens == 0:

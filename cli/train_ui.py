@@ -1,4 +1,4 @@
-"""Rich rendering for `dflash-mlx train`: one progress bar per stage, τ checks, summary."""
+"""Rich rendering for `dflash-mlx train`: a bar per stage, τ checks, summary."""
 
 from rich.console import Console
 from rich.progress import (
@@ -84,7 +84,8 @@ def render(opts):
                 )
             elif isinstance(ev, ValEvent):
                 (progress.console if progress else out).print(
-                    f"step {ev.step}: τ = [bold green]{ev.tau:.2f}[/] on {ev.prompts} held-out prompts"
+                    f"step {ev.step}: τ = [bold green]{ev.tau:.2f}[/] on {ev.prompts} "
+                    "held-out prompts"
                 )
             elif isinstance(ev, SaveEvent):
                 (progress.console if progress else out).print(
@@ -95,7 +96,8 @@ def render(opts):
                 tau = "–" if ev.tau is None else f"{ev.tau:.2f}"
                 out.print(
                     f"[bold green]Drafter written to {ev.path}[/] ({ev.steps} steps, "
-                    f"{ev.samples} samples, {ev.train_seconds / 60:.1f} min training, τ {tau})."
+                    f"{ev.samples} samples, {ev.train_seconds / 60:.1f} min training, "
+                    f"τ {tau})."
                 )
                 out.print(
                     f"Measure it: dflash-mlx bench -d gsm8k --model {opts.target} "

@@ -17,7 +17,7 @@ is flat (GPUs running a big target) it keeps them all.
 
 
 class AdaptiveBlockSize:
-    """Picks block sizes among powers of two up to `max_size` (and `max_size` itself)."""
+    """Picks block sizes among the powers of two below `max_size`, and `max_size`."""
 
     def __init__(self, max_size: int, explore_every: int = 24, smoothing: float = 0.3):
         if max_size < 1:
@@ -69,7 +69,7 @@ class AdaptiveBlockSize:
             return untried[-1]
         best = max(sizes, key=lambda s: self.rate(s))
         if self._gap and self.blocks >= self._gap:
-            # re-time another size now and then: speeds and acceptance drift with context
+            # re-time another size now and then: speed and acceptance drift with context
             self._explore_next = (self._explore_next + 1) % len(sizes)
             explored = sizes[self._explore_next]
             if explored != best:
@@ -120,7 +120,7 @@ class AdaptiveBlockSize:
         return self._tokens / self._block_seconds
 
     def verify_cost(self, tokens: int) -> float | None:
-        """v(T) interpolated between measured sizes (flat beyond them); None if unknown."""
+        """v(T) interpolated between measured sizes (flat beyond); None if unknown."""
         known = sorted(self.verify_seconds.items())
         if len(known) < 2:
             return None

@@ -34,7 +34,7 @@ def _is_openblas(path: str) -> bool:
 
 
 def loaded_libraries(maps: str = "/proc/self/maps") -> list[str]:
-    """Paths of the shared libraries mapped into this process (empty where /proc is absent)."""
+    """Paths of the shared libraries mapped into this process ([] without /proc)."""
     try:
         text = Path(maps).read_text()
     except OSError:
@@ -57,7 +57,7 @@ def blas_in_use(
     platform: str = sys.platform,
     environ: Mapping[str, str] = os.environ,
 ) -> dict:
-    """{'name', 'path', 'fast'}: the BLAS that MLX's CPU matmuls go through in this process."""
+    """{'name', 'path', 'fast'}: the BLAS that MLX's CPU matmuls use in this process."""
     if platform == "darwin":
         return {"name": "Accelerate", "path": None, "fast": True}
     if libraries is None:
@@ -110,7 +110,7 @@ def reexec_env(
     openblas: str | None,
     openblas_loaded: bool,
 ) -> dict | None:
-    """The environment to re-execute with so OpenBLAS is preloaded, or None to run as is."""
+    """The environment to re-execute with OpenBLAS preloaded, or None to run as is."""
     if not platform.startswith("linux") or openblas is None or openblas_loaded:
         return None
     if environ.get(NO_REEXEC, "") not in ("", "0") or REEXEC_MARKER in environ:
@@ -166,7 +166,8 @@ def advice(
         else:
             fixes.append(
                 f"OpenBLAS is installed but not loaded in this process. The dflash-mlx "
-                f"command preloads it; for your own scripts: LD_PRELOAD={openblas} python ..."
+                "command preloads it; for your own scripts: "
+                f"LD_PRELOAD={openblas} python ..."
             )
     if gflops is not None and gflops < SLOW_GFLOPS and info["name"] != "Accelerate":
         fixes.append(

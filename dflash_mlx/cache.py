@@ -40,7 +40,7 @@ class PromptCache:
         return all(c.is_trimmable() for c in self.target)
 
     def reuse(self, target: Target, prompt: Sequence[int]) -> int:
-        """Keep the longest cached prefix of `prompt` (at least one token left to feed)."""
+        """Keep the longest cached prefix of `prompt` (at least one token stays new)."""
         keep = min(_common_prefix(self.tokens, prompt), len(prompt) - 1)
         drop = len(self.tokens) - keep
         if drop > 0:

@@ -56,7 +56,7 @@ def render(
 
 
 def opens_thinking(prompt_text: str) -> bool:
-    """Whether the prompt leaves a <think> block open, so the answer starts inside it."""
+    """Whether the prompt leaves a <think> block open: the answer starts inside it."""
     return prompt_text.rfind(THINK_OPEN) > prompt_text.rfind(THINK_CLOSE)
 
 

@@ -49,7 +49,8 @@ BUNDLED = {
         "humaneval.jsonl.gz",
         "task_id",
         lambda r: [
-            "Write a solution to the following problem and make sure that it passes the "
+            "Write a solution to the following problem and make sure that it passes "
+            "the "
             f"tests:\n```python\n{r['prompt']}\n```"
         ],
         "canonical_solution",
@@ -142,7 +143,7 @@ def select(
 
 
 def resolve(spec: str) -> list[str]:
-    """`--dataset` value → dataset names/paths: a name, `all`, a path, or a comma list."""
+    """`--dataset` value → names/paths: a name, `all`, a path, or a comma list."""
     out = []
     for part in (p.strip() for p in spec.split(",")):
         if not part:

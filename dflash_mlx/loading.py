@@ -24,17 +24,19 @@ DRAFT_FILES = ["*.json", "*.safetensors"]
 
 
 def resolve_path(path_or_repo: str, patterns: list[str], what: str = "model") -> Path:
-    """A local folder as-is, or a Hugging Face repo id downloaded (or found in the cache)."""
+    """A local folder as-is, or a Hugging Face repo id downloaded (or cached)."""
     path = Path(path_or_repo).expanduser()
     if path.exists():
         if not path.is_dir():
             raise ValueError(
-                f"{what} path '{path}' is a file; pass the folder that holds config.json."
+                f"{what} path '{path}' is a file; pass the folder that holds "
+                "config.json."
             )
         return path
     if path_or_repo.startswith((".", "/", "~")) or path_or_repo.count("/") != 1:
         raise ValueError(
-            f"{what} '{path_or_repo}' is neither an existing folder nor a Hugging Face repo id "
+            f"{what} '{path_or_repo}' is neither an existing folder nor a Hugging Face "
+            "repo id "
             "(owner/name). Check the path or the repo id."
         )
     from huggingface_hub import snapshot_download
@@ -48,12 +50,14 @@ def resolve_path(path_or_repo: str, patterns: list[str], what: str = "model") ->
         return Path(snapshot_download(path_or_repo, allow_patterns=patterns))
     except GatedRepoError as e:
         raise ValueError(
-            f"{what} '{path_or_repo}' is gated on the Hugging Face Hub: accept its licence on "
+            f"{what} '{path_or_repo}' is gated on the Hugging Face Hub: accept its "
+            "licence on "
             "the model page and log in with `hf auth login`."
         ) from e
     except RepositoryNotFoundError as e:
         raise ValueError(
-            f"{what} '{path_or_repo}' was not found on the Hugging Face Hub. Check the repo id "
+            f"{what} '{path_or_repo}' was not found on the Hugging Face Hub. Check the "
+            "repo id "
             "(and `hf auth login` for private repos)."
         ) from e
     except (LocalEntryNotFoundError, OSError) as e:
@@ -69,7 +73,8 @@ def resolve_path(path_or_repo: str, patterns: list[str], what: str = "model") ->
             else "the Hugging Face Hub cannot be reached"
         )
         raise ValueError(
-            f"{what} '{path_or_repo}' is not in the local Hugging Face cache and {why}. "
+            f"{what} '{path_or_repo}' is not in the local Hugging Face cache and "
+            f"{why}. "
             f"Download it once with network access (`hf download {path_or_repo}`), "
             "or pass a local folder."
         ) from e
@@ -90,7 +95,7 @@ def _read_config(path: Path, what: str) -> dict:
 
 
 def read_safetensors(path) -> dict[str, mx.array]:
-    """`mx.load` of a .safetensors file, checked to be what it returns: name -> array."""
+    """`mx.load` of a .safetensors file, checked to be name -> array."""
     weights = mx.load(str(path))
     if not isinstance(weights, dict):
         raise ValueError(f"'{path}' holds no named tensors: is it a .safetensors file?")
@@ -142,7 +147,8 @@ def load(path_or_repo: str | None = None, **kwargs):
     text_kind = (config.get("text_config") or {}).get("model_type", kind)
     if kind not in SUPPORTED_MODEL_TYPES and text_kind not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
-            f"Target '{path_or_repo}' is a '{kind}' model; DFlash targets supported here: "
+            f"Target '{path_or_repo}' is a '{kind}' model; DFlash targets supported "
+            "here: "
             f"{', '.join(SUPPORTED_MODEL_TYPES)}."
         )
     try:
@@ -277,7 +283,10 @@ def check_compatible(target, draft):
     d, t = draft.args, target
     dname = getattr(draft, "name_or_path", "the drafter")
     tname = getattr(target.model, "name_or_path", f"the {t.model_type} target")
-    fix = f"use the DFlash drafter trained for {tname}, or the target {dname} was trained for"
+    fix = (
+        f"use the DFlash drafter trained for {tname}, or the target {dname} was "
+        "trained for"
+    )
     problems = []
     if d.hidden_size != t.hidden_size:
         problems.append(f"hidden size {d.hidden_size} vs {t.hidden_size}")
@@ -285,7 +294,8 @@ def check_compatible(target, draft):
         problems.append(f"vocabulary {d.vocab_size} vs {t.vocab_size}")
     if d.num_target_layers != t.num_layers:
         problems.append(
-            f"drafter expects {d.num_target_layers} target layers, target has {t.num_layers}"
+            f"drafter expects {d.num_target_layers} target layers, target has "
+            f"{t.num_layers}"
         )
     if any(not 0 <= i < t.num_layers for i in d.target_layer_ids):
         problems.append(

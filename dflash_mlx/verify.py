@@ -74,7 +74,7 @@ def _emit(drafts: mx.array, n_accepted: mx.array, last: mx.array) -> mx.array:
 
 
 def accept_greedy(drafts: mx.array, target_logits: mx.array):
-    """Longest prefix of `drafts` (n,) equal to the target's argmax over (n+1, V) logits."""
+    """Longest prefix of `drafts` (n,) equal to the argmax of target logits (n+1, V)."""
     choice = mx.argmax(target_logits, axis=-1)
     n = drafts.shape[0]
     matches = (drafts == choice[:n]).astype(mx.int32)

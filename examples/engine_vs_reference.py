@@ -1,7 +1,7 @@
 """Tok/s of dflash-mlx next to the reference `dflash.model_mlx` engine, same models,
 same run.
 
-    python examples/engine_vs_reference.py                 # a small random qwen3 + drafter
+    python examples/engine_vs_reference.py          # a small random qwen3 + drafter
     python examples/engine_vs_reference.py --family qwen3_5 --hidden 512 --layers 8
     python examples/engine_vs_reference.py --model PATH --draft PATH
 

@@ -1,6 +1,7 @@
 """Peak memory against prompt length: does it grow no faster than the KV caches?
 
-    python examples/memory_vs_prompt.py [--family qwen3] [--lengths 1024,2048,4096,8192,16384]
+    python examples/memory_vs_prompt.py [--family qwen3] \\
+        [--lengths 1024,2048,4096,8192,16384]
 
 Builds a small random target + drafter (random_pair.py), then for each prompt length
 runs stream_generate (chunked prefill, 16 new tokens) and plain mlx-lm decoding, and

@@ -1,10 +1,10 @@
-"""Our drafter's weights in the reference package's drafter class (`dflash.model_mlx`)."""
+"""Our drafter's weights in the reference's drafter class (`dflash.model_mlx`)."""
 
 from mlx.utils import tree_flatten
 
 
 def reference_draft(draft, cls=None):
-    """A reference drafter (`cls`, default `DFlashDraftModel`) with `draft`'s weights."""
+    """A reference drafter (`cls`, by default `DFlashDraftModel`), `draft`'s weights."""
     from dflash import model_mlx as ref
 
     from dflash_mlx.bench import reference_config

@@ -1,4 +1,4 @@
-"""ChatSession: templates, thinking, cache reuse across turns, interrupts, commands, transcripts."""
+"""ChatSession: templates, thinking, cache reuse, interrupts, commands, transcripts."""
 
 import json
 import sys

@@ -1,4 +1,4 @@
-"""Draft vocabularies: the drafter scores only some tokens, and output stays lossless."""
+"""Draft vocabularies: the drafter scores only some tokens; output stays lossless."""
 
 import json
 
@@ -50,7 +50,7 @@ def test_head_rows_equal_the_full_head(pair, tmp_path, quantized):
 
 
 class VocabOracle(Model):
-    """Proposes the true continuation where the draft vocabulary holds it, index 0 elsewhere."""
+    """Proposes the true continuation where the draft vocabulary has it, else 0."""
 
     def __init__(self, args, reference):
         super().__init__(args)

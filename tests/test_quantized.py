@@ -92,7 +92,7 @@ def test_float16_draft_never_runs_in_float16(tmp_path, tiny_pair):
         str(d / "model.safetensors"), {k: v.astype(mx.float16) for k, v in w.items()}
     )
     draft = load_draft(str(d))
-    # bfloat16 on a GPU (float16 overflows), float32 on the CPU (half precision is slow there)
+    # bfloat16 on a GPU (float16 overflows), float32 on the CPU (half precision is slow)
     assert draft.dtype == (mx.float32 if mx.default_device() == mx.cpu else mx.bfloat16)
     model, tok = load(str(t))
     model.set_dtype(mx.float16)

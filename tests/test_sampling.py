@@ -1,4 +1,4 @@
-"""End to end: speculative sampling through stream_generate has the target's distribution."""
+"""End to end: speculative sampling in stream_generate has the target's distribution."""
 
 import mlx.core as mx
 import numpy as np

@@ -1,4 +1,4 @@
-"""Acceptance rules: greedy prefix match, and lossless speculative sampling (statistically)."""
+"""Acceptance rules: greedy prefix match, lossless speculative sampling (statistics)."""
 
 import mlx.core as mx
 import numpy as np
@@ -121,7 +121,7 @@ def _ours(case):
 
 @pytest.mark.parametrize("case", MAKE_SAMPLER_CASES)
 def test_distribution_equals_mlx_lm_make_sampler(case):
-    """mlx-lm's own sampler, drawn many times on the same logits, has our distribution."""
+    """mlx-lm's sampler, drawn many times on the same logits, has our distribution."""
     from mlx_lm.sample_utils import make_sampler
 
     logits = mx.array(LOGITS, mx.float32)

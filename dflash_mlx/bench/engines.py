@@ -11,7 +11,7 @@ BASELINE = "baseline"
 
 
 def mlx_lm_engine(model, tokenizer, sampler) -> Engine:
-    """Plain decoding with mlx-lm's own `stream_generate`: what users run without DFlash."""
+    """Plain decoding with mlx-lm's `stream_generate`: what users run without DFlash."""
     from mlx_lm import stream_generate as lm_stream_generate
 
     def run(ids, max_tokens, block_size):

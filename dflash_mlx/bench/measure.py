@@ -155,7 +155,7 @@ def _slots(
 
 
 def warmup(engines: dict[str, Engine], ids: list[int], config: BenchConfig):
-    """One short generation per (engine, block size): compiles kernels, sizes buffers."""
+    """A short generation per (engine, block size): compiles kernels, sizes buffers."""
     for name, bs in _slots(engines, config.block_sizes):
         for _ in engines[name](
             ids, max(1, min(config.warmup_tokens, config.max_tokens)), bs

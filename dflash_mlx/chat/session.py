@@ -150,7 +150,8 @@ class ChatSession:
             if room <= 0:
                 raise ValueError(
                     f"This prompt is {len(ids)} tokens but the model's context is "
-                    f"{self.context}: /reset the conversation or send a shorter message."
+                    f"{self.context}: /reset the conversation or send a shorter "
+                    "message."
                 )
             max_tokens = room if max_tokens < 0 else min(max_tokens, room)
         return self._run(user, prompt_text, ids, max_tokens)
@@ -216,7 +217,7 @@ class ChatSession:
 
     # -- commands, statistics, transcript ---------------------------------------------
     def command(self, line: str) -> tuple[str, str]:
-        """Apply a slash command: (action, message). Actions: help, stats, exit, info."""
+        """A slash command: (action, message); actions: help, stats, exit, info."""
         return run_command(self, line)
 
     def stats(self) -> dict:

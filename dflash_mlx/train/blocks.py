@@ -16,7 +16,7 @@ GAMMAS = {16: 7.0, 10: 5.0, 8: 4.0}
 
 
 def default_gamma(block_size: int) -> float:
-    """Loss decay γ of the paper (7 for B=16, 5 for B=10, 4 for B=8), ~0.45·B otherwise."""
+    """Loss decay γ of the paper (7 for B=16, 5 for B=10, 4 for B=8), else ~0.45·B."""
     return GAMMAS.get(block_size, max(1.0, round(0.45 * block_size, 1)))
 
 

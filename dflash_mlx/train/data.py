@@ -86,7 +86,7 @@ def split_prompts(prompts: Sequence[Prompt], n_val: int) -> tuple[list, list]:
 
 
 def encode_chat(tokenizer, messages: list) -> list[int]:
-    """Prompt ids with the chat template (a plain user turn when the tokenizer has none)."""
+    """Prompt ids with the chat template (a plain user turn without a template)."""
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         return list(ids)

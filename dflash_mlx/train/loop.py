@@ -94,7 +94,7 @@ def measure_tau(
     block_size: int,
     max_tokens: int = 128,
 ) -> float:
-    """Mean acceptance length (committed tokens per verify step), greedy, real engine."""
+    """Mean acceptance length (tokens per verify step), greedy, the real engine."""
     from ..generate import stream_generate
 
     committed = steps = 0
@@ -147,7 +147,8 @@ class Trainer:
             weight_decay=config.weight_decay,
         )
         self.history = _History()
-        draft.train()  # a drafter from load_draft is in eval mode (cpu_ops, no gradients)
+        # a drafter from load_draft is in eval mode (cpu_ops, no gradients)
+        draft.train()
         self.optimizer.init(draft.trainable_parameters())
         self._grad = nn.value_and_grad(draft, self._loss)
         self.head = DraftHead.for_drafter(target, draft)
@@ -157,7 +158,7 @@ class Trainer:
         s = self.optimizer.state.get("step")
         return int(s.item()) if s is not None else 0
 
-    # -- one step ---------------------------------------------------------------------------
+    # -- one step ----------------------------------------------------------------------
 
     def _loss(self, features, blocks, masks):
         loss, wsum, correct = block_loss(
@@ -166,7 +167,7 @@ class Trainer:
         return loss, (wsum, correct)
 
     def micro_batch(self, m: int) -> tuple[Sample, np.ndarray]:
-        """The sample and anchors of global micro-batch `m` (a pure function of seed, m)."""
+        """The sample and anchors of global micro-batch `m` (a function of seed, m)."""
         n = len(self.samples)
         order = np.random.default_rng([self.config.seed, m // n]).permutation(n)
         s = self.samples[order[m % n]]
@@ -213,7 +214,7 @@ class Trainer:
             positions=used,
         )
 
-    # -- the run ----------------------------------------------------------------------------
+    # -- the run -----------------------------------------------------------------------
 
     def run(self) -> Iterator:
         """Train to the end, yielding StepEvent, ValEvent and SaveEvent."""
@@ -265,14 +266,14 @@ class Trainer:
         self.history.val.append((self.step, tau))
         return ValEvent(self.step, tau, len(self.val_prompts))
 
-    # -- checkpoints ------------------------------------------------------------------------
+    # -- checkpoints -------------------------------------------------------------------
 
     @property
     def checkpoint_dir(self) -> Path:
         return self.folder / "checkpoints"
 
     def save(self) -> Path:
-        """Write weights, optimizer state and counters; keep the newest few checkpoints."""
+        """Write weights, optimizer state and counters; keep the newest checkpoints."""
         step = self.step
         final = self.checkpoint_dir / f"step-{step:07d}"
         tmp = self.checkpoint_dir / f".step-{step:07d}.tmp"

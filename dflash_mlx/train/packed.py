@@ -50,7 +50,7 @@ def _attention(attn, x: mx.array, ctx: mx.array, offsets: mx.array, mask: mx.arr
 def layer_masks(
     draft: DraftModel, anchors: np.ndarray, block_size: int, context_len: int
 ) -> dict:
-    """One packed mask per layer type, following the drafter's causal/sliding settings."""
+    """A packed mask per layer type, following the drafter's causal/sliding settings."""
     masks = {}
     for layer in draft.layers:
         t = layer.layer_type
