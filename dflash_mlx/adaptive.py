@@ -61,13 +61,17 @@ class AdaptiveBlockSize:
         t = self.seconds.get(size)
         return None if t is None else self.expected_tokens(size) / t
 
+    def _timed_rate(self, size: int) -> float:
+        # only called for sizes already timed, whose rate is known
+        return self.rate(size) or 0.0
+
     def next(self, limit: int | None = None) -> int:
         """The block size to use next (never above `limit`)."""
         sizes = [s for s in self.sizes if limit is None or s <= limit] or [1]
         untried = [s for s in sizes if s not in self.seconds]
         if untried:
             return untried[-1]
-        best = max(sizes, key=lambda s: self.rate(s))
+        best = max(sizes, key=self._timed_rate)
         if self._gap and self.blocks >= self._gap:
             # re-time another size now and then: speed and acceptance drift with context
             self._explore_next = (self._explore_next + 1) % len(sizes)
@@ -79,7 +83,7 @@ class AdaptiveBlockSize:
 
     def _after_exploring(self, size: int):
         sizes = [s for s in self.sizes if s in self.seconds]
-        won = size == max(sizes, key=lambda s: self.rate(s))
+        won = size == max(sizes, key=self._timed_rate)
         self._gap = self.explore_every if won else min(self._gap * 2, 1024)
         self._explored = None
 
@@ -115,7 +119,7 @@ class AdaptiveBlockSize:
     @property
     def tokens_rate(self) -> float | None:
         """Recent committed tokens per second (the rate a cut must beat)."""
-        if not self._block_seconds:
+        if self._tokens is None or not self._block_seconds:
             return None
         return self._tokens / self._block_seconds
 
@@ -137,9 +141,10 @@ class AdaptiveBlockSize:
         drafts are likely enough to be accepted. Until v and the rate are measured, all.
         """
         n = len(confidence)
-        costs = [self.verify_cost(t) for t in range(1, n + 2)]
+        measured = [self.verify_cost(t) for t in range(1, n + 2)]
+        costs = [c for c in measured if c is not None]
         rate = self.tokens_rate
-        if rate is None or any(c is None for c in costs):
+        if rate is None or len(costs) < len(measured):
             return n
         best_k, best = 0, 1.0 - rate * costs[0]
         expected, run = 1.0, 1.0

@@ -39,7 +39,7 @@ def loaded_libraries(maps: str = "/proc/self/maps") -> list[str]:
         text = Path(maps).read_text()
     except OSError:
         return []
-    seen = {}
+    seen: dict[str, None] = {}  # an ordered set
     for line in text.splitlines():
         parts = line.split()
         if len(parts) >= 6 and ".so" in parts[-1]:

@@ -144,7 +144,7 @@ def select(
 
 def resolve(spec: str) -> list[str]:
     """`--dataset` value → names/paths: a name, `all`, a path, or a comma list."""
-    out = []
+    out: list[str] = []
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue

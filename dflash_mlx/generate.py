@@ -19,7 +19,7 @@ Words in the engine, one meaning each:
 """
 
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Union, cast
 
@@ -332,7 +332,7 @@ def stream_generate(
     *,
     min_p: float = 0.0,
     prompt_cache: PromptCache | None = None,
-) -> Iterator[GenerationResponse]:
+) -> Generator[GenerationResponse, None, None]:
     """Generate from `prompt`, yielding one response per verified block.
 
     `block_size`: None for the drafter's, an int, or "auto" to pick, as it goes, the

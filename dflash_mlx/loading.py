@@ -227,7 +227,7 @@ def load_draft(
             raise ValueError(
                 f"{what} is a DFlash-2 drafter but its config lacks {missing}."
             )
-        model = dflash2.Model(args)
+        model: draft_module.Model = dflash2.Model(args)
     else:
         model = draft_module.Model(args)
     stored_quant = config.get("quantization")
@@ -239,7 +239,7 @@ def load_draft(
             class_predicate=lambda p, m: isinstance(m, nn.Linear),
         )
     weights = model.sanitize(_read_weights(path, what))
-    expected = {k for k, _ in tree_flatten(model.parameters())}
+    expected = set(dict(tree_flatten(model.parameters())))
     missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if missing or extra:
         raise ValueError(

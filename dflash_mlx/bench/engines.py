@@ -6,7 +6,8 @@ from collections.abc import Callable, Iterable
 
 import mlx.core as mx
 
-Engine = Callable[[list[int], int, int], Iterable[tuple[list[int], int | None]]]
+# (prompt ids, max tokens, block size or "auto") -> (tokens, accepted) per step
+Engine = Callable[[list[int], int, int | str], Iterable[tuple[list[int], int | None]]]
 BASELINE = "baseline"
 
 

@@ -62,8 +62,7 @@ def describe_weights(model) -> str:
         return f"{bits}-bit (group {groups})"
     dtypes = {
         str(v.dtype).replace("mlx.core.", "")
-        for _, v in tree_flatten(model.parameters())
-        if isinstance(v, mx.array)
+        for v in dict(tree_flatten(model.parameters())).values()
     }
     return "none (" + "/".join(sorted(dtypes)) + ")"
 

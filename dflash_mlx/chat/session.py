@@ -5,6 +5,7 @@ modules."""
 from collections.abc import Generator
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from .. import conversation
 from ..adaptive import AdaptiveBlockSize
@@ -208,7 +209,11 @@ class ChatSession:
         if st.mode == "dflash" and base and st.generation_tps:
             st.speedup = st.generation_tps / base
         self.turns.append(st)
-        message = {"role": "assistant", "content": turn.content, "stats": asdict(st)}
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": turn.content,
+            "stats": asdict(st),
+        }
         if st.finish_reason == "interrupted":
             message["interrupted"] = True
         self.messages.append(message)

@@ -167,7 +167,9 @@ def regenerate(
     new_tokens = 0
     try:
         uids = gen.insert(ids, limits)
-        pending = {u: (p, i, []) for u, p, i in zip(uids, todo, ids, strict=True)}
+        pending: dict[int, tuple[Prompt, list[int], list[int]]] = {
+            u: (p, i, []) for u, p, i in zip(uids, todo, ids, strict=True)
+        }
         with open(path, "a", encoding="utf-8") as out:
             while pending and (responses := gen.next_generated()):
                 for r in responses:

@@ -8,6 +8,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from ..draft import Model, ModelArgs, default_target_layer_ids
+from ..loading import read_safetensors
 
 DEFAULT_DRAFT_LAYERS = 3
 DEFAULT_FEATURE_LAYERS = 5
@@ -95,7 +96,7 @@ def init_weights(model: Model, path: Path):
             f"--init-from {path}: no model.safetensors or drafter.safetensors there."
         )
     mine = dict(tree_flatten(model.parameters()))
-    theirs = {k: v for k, v in mx.load(str(file)).items() if k != "draft_vocab"}
+    theirs = {k: v for k, v in read_safetensors(file).items() if k != "draft_vocab"}
     bad = sorted(
         k for k, v in theirs.items() if k not in mine or mine[k].shape != v.shape
     )

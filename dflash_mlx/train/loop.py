@@ -21,6 +21,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from ..draft_head import DraftHead
+from ..loading import read_safetensors
 from .blocks import make_blocks, sample_anchors
 from .data import Sample
 from .export import save_weights
@@ -318,7 +319,7 @@ class Trainer:
             )
         self.draft.load_weights(str(path / "drafter.safetensors"))
         self.optimizer.state = tree_unflatten(
-            list(mx.load(str(path / "optimizer.safetensors")).items())
+            list(read_safetensors(path / "optimizer.safetensors").items())
         )
         self.history = _History(
             [tuple(v) for v in state.get("val", [])], state.get("train_seconds", 0.0)

@@ -141,9 +141,10 @@ def block_loss(
         labels = head.index[labels]
         w = np.where(labels >= 0, w, 0.0).astype(np.float32)
         labels = np.maximum(labels, 0)
-    labels, w = mx.array(labels), mx.array(w)
-    ce = nn.losses.cross_entropy(logits, labels)
-    wsum = w.sum()
-    loss = (ce * w).sum() / mx.maximum(wsum, 1e-9)
-    correct = mx.stop_gradient(((mx.argmax(logits, axis=-1) == labels) * w).sum())
+    targets, weights = mx.array(labels), mx.array(w)
+    ce = nn.losses.cross_entropy(logits, targets)
+    wsum = weights.sum()
+    loss = (ce * weights).sum() / mx.maximum(wsum, 1e-9)
+    hits = mx.argmax(logits, axis=-1) == targets
+    correct = mx.stop_gradient((hits * weights).sum())
     return loss, wsum, correct
