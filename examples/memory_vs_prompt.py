@@ -43,7 +43,7 @@ def main():
     from dflash_mlx import load, load_draft, make_prompt_cache, stream_generate
 
     with tempfile.TemporaryDirectory() as tmp:
-        # the shapes the README's memory table was measured with
+        # the shapes of the measurements in docs/design-and-losslessness.md
         t, d = make_pair(
             Path(tmp),
             args.family,
