@@ -67,6 +67,64 @@ def _engines(opts: BenchOptions, model, draft, tokenizer, ids: tuple[str, str]) 
     return engines
 
 
+def _config(opts: BenchOptions):
+    """The library's BenchConfig for these options (block sizes filled in later)."""
+    from dflash_mlx import bench
+
+    if opts.max_samples is not None and opts.max_samples < 1:
+        raise ValueError(f"--max-samples must be at least 1, got {opts.max_samples}.")
+    if opts.temp < 0:
+        raise ValueError(f"--temp must be >= 0, got {opts.temp}.")
+    return bench.BenchConfig(
+        datasets=[opts.dataset],
+        block_sizes=bench.parse_block_sizes(opts.block_size) or [],
+        max_samples=opts.max_samples,
+        max_tokens=opts.max_tokens,
+        temperature=opts.temp,
+        thinking=opts.thinking,
+        seed=opts.seed,
+    )
+
+
+def _measure(out, ui, tokenizer, engines, samples, config) -> tuple[list, bool]:
+    """Every record, with a progress bar; (records, interrupted by Ctrl-C)."""
+    from dflash_mlx import bench
+
+    records, tally = [], bench.Tally()
+    with ui.progress(out) as bar:
+        task = bar.add_task(
+            "warm-up", total=bench.count_turns(samples), speedup=ui.speedup_text(None)
+        )
+        try:
+            for turn in bench.run(tokenizer, engines, samples, config):
+                records.extend(turn)
+                tally.add(turn)
+                bar.update(
+                    task,
+                    advance=1,
+                    description=turn[0].dataset,
+                    speedup=ui.speedup_text(tally.speedup()),
+                )
+        except KeyboardInterrupt:
+            return records, True
+    return records, False
+
+
+def _write(out, ui, opts: BenchOptions, config, env, records, summary):
+    """The --json report and the --plot PNG, where asked for."""
+    from dflash_mlx import bench
+
+    if opts.json_out is not None:
+        opts.json_out.parent.mkdir(parents=True, exist_ok=True)
+        opts.json_out.write_text(
+            json.dumps(bench.report(config, env, records, summary), indent=1)
+        )
+        ui.note(out, f"wrote {opts.json_out}")
+    if opts.plot is not None:
+        bench.write_plot(records, summary, opts.plot)
+        ui.note(out, f"wrote {opts.plot}")
+
+
 def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
     """Run the benchmark and render it; the exit code (non-zero on a losslessness
     failure).
@@ -77,19 +135,7 @@ def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
     from . import bench_ui as ui
 
     out = out or ui.console()
-    config = bench.BenchConfig(
-        datasets=[opts.dataset],
-        block_sizes=bench.parse_block_sizes(opts.block_size) or [],
-        max_samples=opts.max_samples,
-        max_tokens=opts.max_tokens,
-        temperature=opts.temp,
-        thinking=opts.thinking,
-        seed=opts.seed,
-    )
-    if opts.max_samples is not None and opts.max_samples < 1:
-        raise ValueError(f"--max-samples must be at least 1, got {opts.max_samples}.")
-    if opts.temp < 0:
-        raise ValueError(f"--temp must be >= 0, got {opts.temp}.")
+    config = _config(opts)
     samples = bench.load_samples(config)
     config.datasets = list(samples)
     ids = resolve_models(opts.model, opts.draft)
@@ -106,42 +152,17 @@ def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
     env = bench.environment(model, draft, *ids)
     ui.environment(out, env)
 
-    records, tally, interrupted = [], bench.Tally(), False
-    with ui.progress(out) as bar:
-        task = bar.add_task(
-            "warm-up", total=bench.count_turns(samples), speedup=ui.speedup_text(None)
-        )
-        try:
-            for turn in bench.run(tokenizer, all_engines, samples, config):
-                records.extend(turn)
-                tally.add(turn)
-                bar.update(
-                    task,
-                    advance=1,
-                    description=turn[0].dataset,
-                    speedup=ui.speedup_text(tally.speedup()),
-                )
-        except KeyboardInterrupt:
-            interrupted = True
+    records, interrupted = _measure(out, ui, tokenizer, all_engines, samples, config)
     if interrupted:
         ui.error(
             out, f"interrupted: summarising the {len(records)} runs measured so far."
         )
-
     summary = bench.summarize(records)
     summary["interrupted"] = interrupted
     ui.results(out, summary, config.temperature)
     if not summary["lossless"]:
         ui.lossless_failure(out, summary["failures"])
-    if opts.json_out is not None:
-        opts.json_out.parent.mkdir(parents=True, exist_ok=True)
-        opts.json_out.write_text(
-            json.dumps(bench.report(config, env, records, summary), indent=1)
-        )
-        ui.note(out, f"wrote {opts.json_out}")
-    if opts.plot is not None:
-        bench.write_plot(records, summary, opts.plot)
-        ui.note(out, f"wrote {opts.plot}")
+    _write(out, ui, opts, config, env, records, summary)
     out.file.flush()
     typer.echo(json.dumps(bench.compact(summary), separators=(",", ":")))
     if not summary["lossless"]:

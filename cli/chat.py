@@ -80,7 +80,7 @@ def chat(
     ),
 ):
     """Chat in the terminal with live tok/s and acceptance length."""
-    from dflash_mlx.chat import COMMANDS, Settings
+    from dflash_mlx.chat import Settings
 
     from . import ui
     from .session import open_session
@@ -117,6 +117,13 @@ def chat(
             "thinking": _thinking_label(session),
         },
     )
+    _loop(session, out, note if session.draft is None else None)
+
+
+def _loop(session, out, note: str | None):
+    """Read messages until Ctrl-D or /exit: slash commands, else an answer."""
+    from . import ui
+
     while True:
         try:
             text = ui.read_message(out)
@@ -125,22 +132,32 @@ def chat(
             return
         if not text.strip():
             continue
-        if text.lstrip().startswith("/"):
-            try:
-                action, message = session.command(text)
-            except ValueError as e:
-                ui.error(out, str(e))
-                continue
-            if action == "exit":
-                return
-            if action == "help":
-                ui.help_table(out, COMMANDS)
-            elif action == "stats":
-                ui.stats_table(out, session.stats())
-            else:
-                ui.info(out, message)
-            continue
-        answer(session, out, text, note if session.draft is None else None)
+        if not text.lstrip().startswith("/"):
+            answer(session, out, text, note)
+        elif not _command(session, out, text):
+            return
+
+
+def _command(session, out, text: str) -> bool:
+    """Run one slash command; False when it asks to leave."""
+    from dflash_mlx.chat import COMMANDS
+
+    from . import ui
+
+    try:
+        action, message = session.command(text)
+    except ValueError as e:
+        ui.error(out, str(e))
+        return True
+    if action == "exit":
+        return False
+    if action == "help":
+        ui.help_table(out, COMMANDS)
+    elif action == "stats":
+        ui.stats_table(out, session.stats())
+    else:
+        ui.info(out, message)
+    return True
 
 
 def _thinking_label(session) -> str | None:

@@ -32,24 +32,12 @@ def generate(
 ):
     """Generate one answer: text to stdout, statistics to stderr (or --json)."""
     from dflash_mlx.chat import Settings
-    from dflash_mlx.conversation import split_thinking
 
     from . import ui
     from .session import open_session
 
     err = ui.console(stderr=True)
-    if prompt == "-":
-        prompt = sys.stdin.read()
-    if not prompt.strip():
-        ui.error(
-            err,
-            "The prompt is empty: pass --prompt TEXT, or --prompt - with text on "
-            "stdin.",
-        )
-        raise typer.Exit(2)
-    if max_tokens == 0:
-        ui.error(err, "--max-tokens must be positive (or -1 for up to the context).")
-        raise typer.Exit(2)
+    prompt = _read_prompt(err, prompt, max_tokens)
     if seed is not None:
         import mlx.core as mx
 
@@ -82,32 +70,56 @@ def generate(
         ui.error(err, str(e))
         raise typer.Exit(1) from None
     if as_json:
-        thought, answer = split_thinking(text)
-        record = {
-            "model": session.names["model"],
-            "draft": session.names["draft"],
-            "note": note,
-            "text": text,
-            "thinking": thought,
-            "answer": answer,
-            "finish_reason": stats.finish_reason,
-            "mode": stats.mode,
-            "block_size": stats.block_size,
-            "prompt_tokens": stats.prompt_tokens,
-            "generation_tokens": stats.generation_tokens,
-            "prompt_tps": stats.prompt_tps,
-            "generation_tps": stats.generation_tps,
-            "ttft_s": stats.ttft,
-            "elapsed_s": stats.elapsed,
-            "mean_acceptance": stats.mean_accepted,
-            "drafted_tokens": stats.drafted,
-            "peak_memory_gb": stats.peak_memory,
-            "temperature": temp,
-            "top_p": top_p,
-            "top_k": top_k,
-            "seed": seed,
-        }
+        sampling = {"temperature": temp, "top_p": top_p, "top_k": top_k, "seed": seed}
+        record = _record(session, note, text, stats, sampling)
         sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
     else:
         sys.stdout.write("\n")
         ui.generate_stats(err, stats, note)
+
+
+def _record(session, note, text: str, stats, sampling: dict) -> dict:
+    """The --json record of one answer."""
+    from dflash_mlx.conversation import split_thinking
+
+    thought, answer = split_thinking(text)
+    return {
+        "model": session.names["model"],
+        "draft": session.names["draft"],
+        "note": note,
+        "text": text,
+        "thinking": thought,
+        "answer": answer,
+        "finish_reason": stats.finish_reason,
+        "mode": stats.mode,
+        "block_size": stats.block_size,
+        "prompt_tokens": stats.prompt_tokens,
+        "generation_tokens": stats.generation_tokens,
+        "prompt_tps": stats.prompt_tps,
+        "generation_tps": stats.generation_tps,
+        "ttft_s": stats.ttft,
+        "elapsed_s": stats.elapsed,
+        "mean_acceptance": stats.mean_accepted,
+        "drafted_tokens": stats.drafted,
+        "peak_memory_gb": stats.peak_memory,
+        **sampling,
+    }
+
+
+def _read_prompt(err, prompt: str, max_tokens: int) -> str:
+    """The prompt (stdin for '-'); usage errors exit 2."""
+    from . import ui
+
+    if prompt == "-":
+        prompt = sys.stdin.read()
+    if not prompt.strip():
+        ui.error(
+            err,
+            "The prompt is empty: pass --prompt TEXT, or --prompt - with text on "
+            "stdin.",
+        )
+        raise typer.Exit(2)
+    if max_tokens == 0:
+        ui.error(err, "--max-tokens must be positive (or -1 for up to the context).")
+        raise typer.Exit(2)
+    return prompt

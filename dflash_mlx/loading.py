@@ -161,6 +161,86 @@ def load(path_or_repo: str | None = None, **kwargs):
     return model, tokenizer
 
 
+def _drafter_args(config: dict, what: str) -> draft_module.ModelArgs:
+    """The drafter's ModelArgs from its config.json, or a ValueError saying what is
+    wrong with it."""
+    arch = (config.get("architectures") or ["DFlashDraftModel"])[0]
+    if arch not in draft_module.ARCHITECTURES:
+        raise ValueError(
+            f"{what} has architecture '{arch}'; supported drafters: "
+            f"{', '.join(draft_module.ARCHITECTURES)}."
+        )
+    try:
+        args = draft_module.ModelArgs.from_config(config)
+    except TypeError as e:
+        raise ValueError(
+            f"{what} config.json lacks required fields ({e}); is it a DFlash drafter?"
+        ) from e
+    unknown = set(args.layer_types) - set(draft_module.LAYER_TYPES)
+    if unknown or len(args.layer_types) != args.num_hidden_layers:
+        raise ValueError(
+            f"{what}: layer_types must list one of {draft_module.LAYER_TYPES} "
+            f"per layer ({args.num_hidden_layers}), got {args.layer_types}."
+        )
+    if "sliding_attention" in args.layer_types and not args.sliding_window:
+        raise ValueError(
+            f"{what} has sliding_attention layers but no sliding_window in config.json."
+        )
+    return args
+
+
+def _new_drafter(args: draft_module.ModelArgs, what: str) -> draft_module.Model:
+    """An untrained drafter of the config's architecture (v1, or DFlash-2)."""
+    if args.architecture != "DFlash2DraftModel":
+        return draft_module.Model(args)
+    from . import dflash2
+
+    fields = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+    missing = [k for k in fields if not getattr(args, k)]
+    if missing:
+        raise ValueError(
+            f"{what} is a DFlash-2 drafter but its config lacks {missing}."
+        )
+    return dflash2.Model(args)
+
+
+def _load_drafter_weights(model: draft_module.Model, path: Path, what: str):
+    weights = model.sanitize(_read_weights(path, what))
+    expected = set(dict(tree_flatten(model.parameters())))
+    missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
+    if missing or extra:
+        raise ValueError(
+            f"{what} weights do not match its config: missing {missing[:5]}, "
+            f"unexpected {extra[:5]}. Re-download it or fix config.json."
+        )
+    try:
+        model.load_weights(list(weights.items()))
+    except ValueError as e:
+        raise ValueError(f"{what} weights do not match its config ({e}).") from e
+
+
+def _drafter_dtype(model: draft_module.Model):
+    if mx.default_device() == mx.cpu and model.dtype != mx.float32:
+        model.set_dtype(mx.float32)  # MLX's CPU half-precision matmuls are ~10x slower
+    elif model.dtype == mx.float16:
+        # float16 activations overflow in the feature fusion (0% acceptance); bfloat16
+        # has float32's range.
+        model.set_dtype(mx.bfloat16)
+
+
+def _quantize_drafter(model: draft_module.Model, bits: int, group_size: int):
+    nn.quantize(
+        model,
+        group_size,
+        bits,
+        class_predicate=lambda p, m: (
+            isinstance(m, nn.Linear)
+            and m.weight.shape[-1] % group_size == 0
+            and not p.startswith("candidate_selector")
+        ),
+    )
+
+
 def load_draft(
     path_or_repo: str | None = None,
     target=None,
@@ -188,48 +268,7 @@ def load_draft(
     what = f"Drafter '{path_or_repo}'"
     path = resolve_path(path_or_repo, DRAFT_FILES, "Drafter")
     config = _read_config(path, what)
-    arch = (config.get("architectures") or ["DFlashDraftModel"])[0]
-    if arch not in draft_module.ARCHITECTURES:
-        raise ValueError(
-            f"{what} has architecture '{arch}'; supported drafters: "
-            f"{', '.join(draft_module.ARCHITECTURES)}."
-        )
-    try:
-        args = draft_module.ModelArgs.from_config(config)
-    except TypeError as e:
-        raise ValueError(
-            f"{what} config.json lacks required fields ({e}); is it a DFlash drafter?"
-        ) from e
-    unknown = set(args.layer_types) - set(draft_module.LAYER_TYPES)
-    if unknown or len(args.layer_types) != args.num_hidden_layers:
-        raise ValueError(
-            f"{what}: layer_types must list one of {draft_module.LAYER_TYPES} "
-            f"per layer ({args.num_hidden_layers}), got {args.layer_types}."
-        )
-    if "sliding_attention" in args.layer_types and not args.sliding_window:
-        raise ValueError(
-            f"{what} has sliding_attention layers but no sliding_window in config.json."
-        )
-    if arch == "DFlash2DraftModel":
-        from . import dflash2
-
-        missing = [
-            k
-            for k in (
-                "conv_kernel_size",
-                "conv_group_size",
-                "selector_rank",
-                "selector_top_k",
-            )
-            if not getattr(args, k)
-        ]
-        if missing:
-            raise ValueError(
-                f"{what} is a DFlash-2 drafter but its config lacks {missing}."
-            )
-        model: draft_module.Model = dflash2.Model(args)
-    else:
-        model = draft_module.Model(args)
+    model = _new_drafter(_drafter_args(config, what), what)
     stored_quant = config.get("quantization")
     if stored_quant:  # an already-quantized checkpoint (mlx-community style)
         nn.quantize(
@@ -238,35 +277,10 @@ def load_draft(
             stored_quant["bits"],
             class_predicate=lambda p, m: isinstance(m, nn.Linear),
         )
-    weights = model.sanitize(_read_weights(path, what))
-    expected = set(dict(tree_flatten(model.parameters())))
-    missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
-    if missing or extra:
-        raise ValueError(
-            f"{what} weights do not match its config: missing {missing[:5]}, "
-            f"unexpected {extra[:5]}. Re-download it or fix config.json."
-        )
-    try:
-        model.load_weights(list(weights.items()))
-    except ValueError as e:
-        raise ValueError(f"{what} weights do not match its config ({e}).") from e
-    if mx.default_device() == mx.cpu and model.dtype != mx.float32:
-        model.set_dtype(mx.float32)  # MLX's CPU half-precision matmuls are ~10x slower
-    elif model.dtype == mx.float16:
-        # float16 activations overflow in the feature fusion (0% acceptance); bfloat16
-        # has float32's range.
-        model.set_dtype(mx.bfloat16)
+    _load_drafter_weights(model, path, what)
+    _drafter_dtype(model)
     if bits is not None and not stored_quant:
-        nn.quantize(
-            model,
-            group_size,
-            bits,
-            class_predicate=lambda p, m: (
-                isinstance(m, nn.Linear)
-                and m.weight.shape[-1] % group_size == 0
-                and not p.startswith("candidate_selector")
-            ),
-        )
+        _quantize_drafter(model, bits, group_size)
     model.eval()
     mx.eval(model.parameters())
     model.name_or_path = str(path_or_repo)
