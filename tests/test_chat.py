@@ -1,8 +1,6 @@
 """ChatSession: templates, thinking, cache reuse, interrupts, commands, transcripts."""
 
 import json
-import sys
-import types
 
 import pytest
 import tiny
@@ -12,7 +10,6 @@ from dflash_mlx.chat import ChatSession, Piece, Settings
 from dflash_mlx.chat.turn import ThinkTracker
 from dflash_mlx.conversation import split_thinking
 from dflash_mlx.generate import GenerationResponse
-from dflash_mlx.resolve import resolve_models
 
 
 @pytest.fixture(scope="module")
@@ -289,30 +286,3 @@ def test_qwen3_template_thinking_switch(models_dir):
 
 def test_byte_template_has_no_thinking_switch(pair):
     assert not session(pair).thinking_supported
-
-
-def test_resolve_models_with_registry(monkeypatch):
-    reg = types.ModuleType("dflash_mlx.registry")
-    reg.drafter_for = lambda target: {"org/T": "org/T-DFlash"}.get(target)
-    monkeypatch.setitem(sys.modules, "dflash_mlx.registry", reg)
-    assert resolve_models("org/T", None) == ("org/T", "org/T-DFlash", None)
-    assert resolve_models("org/T", "my/draft") == ("org/T", "my/draft", None)
-    assert resolve_models("org/U", None) == (
-        "org/U",
-        None,
-        "no drafter: plain decoding; pass --draft",
-    )
-    assert resolve_models("org/T", None, no_draft=True)[1] is None
-
-
-def test_resolve_models_default(monkeypatch):
-    monkeypatch.setitem(sys.modules, "dflash_mlx.defaults", None)  # not built yet
-    with pytest.raises(ValueError, match="--model"):
-        resolve_models(None, None)
-    fake = types.ModuleType("dflash_mlx.defaults")
-    fake.default_target, fake.default_draft = (
-        (lambda: "org/Default"),
-        (lambda: "org/Default-D"),
-    )
-    monkeypatch.setitem(sys.modules, "dflash_mlx.defaults", fake)
-    assert resolve_models(None, None) == ("org/Default", "org/Default-D", None)
