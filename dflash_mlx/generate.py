@@ -25,12 +25,20 @@ from typing import Union, cast
 
 import mlx.core as mx
 
-from . import cpu_ops
 from .adaptive import AdaptiveBlockSize, FixedBlockSize
 from .cache import PromptCache
 from .draft_head import DraftHead
 from .target import Target
-from .verify import SamplingParams, accept_greedy, accept_sampled
+from .verify import (
+    KeyStream,
+    SamplingParams,
+    accept_greedy,
+    accept_sampled,
+    token_logprobs,
+)
+
+# One committed token's log-probability under the target, and its top (id, logprob)s.
+TokenLogprobs = tuple[float, list[tuple[int, float]]]
 
 
 @dataclass
@@ -42,6 +50,7 @@ class Block:
     block_size: int  # tokens the target verified in this step (`verified`)
     finished: bool = False  # ended on a stop token
     reused: int = 0  # prompt tokens served from the cache (first block only)
+    logprobs: list[TokenLogprobs] | None = None  # one per token, when asked for
 
 
 def _as_target(model, draft) -> Target:
@@ -77,6 +86,7 @@ def _draft(
     cache: PromptCache,
     block: mx.array,
     params: SamplingParams,
+    key: mx.array | None,
 ):
     """One drafter forward over [last, MASK...]: drafts (B-1,), their q (or None when
     greedy), and the drafter's confidence per position (lazy).
@@ -89,21 +99,21 @@ def _draft(
         h = h * draft.args.input_embedding_scale
     h = draft(h, cache.draft)[0, 1:]
     logits = draft.finalize_logits(head(h.astype(target.dtype)))
-    tokens, q = draft.propose(h, logits, block[0, 0], params)
-    probs = q if q is not None else cpu_ops.softmax(logits)
+    tokens, q = draft.propose(h, logits, block[0, 0], params, key)
+    probs = q if q is not None else draft.kernels.softmax(logits)
     confidence = probs.max(axis=-1)
     return (*head.to_target(tokens, q), confidence)
 
 
-def _accept(params: SamplingParams, drafts, draft_probs, logits: mx.array):
+def _accept(params: SamplingParams, drafts, draft_probs, logits: mx.array, key):
     """(accepted, emitted) for the verified drafts (None: no drafts, plain decoding)."""
     if drafts is None:
-        return mx.array(0), params.sample(logits)
+        return mx.array(0), params.sample(logits, key)
     if params.greedy:
         return accept_greedy(drafts, logits)
     if draft_probs is None:
         raise ValueError("The drafter sampled its proposals without returning their q.")
-    return accept_sampled(drafts, draft_probs, params.probs(logits))
+    return accept_sampled(drafts, draft_probs, params.probs(logits), key)
 
 
 class _Step:
@@ -126,14 +136,18 @@ class _Step:
         params: SamplingParams,
         mask_id: int,
         keep_drafts: Callable[[list], int] | None = None,
+        keys: KeyStream | None = None,
+        top_logprobs: int = 0,
     ):
         self.drafted = drafted
+        greedy = params.greedy
         self.tape: list | None = [] if target.recurrent else None
         block = mx.array([[last] + [mask_id] * (drafted - 1)])
         drafts = draft_probs = None
         if drafted > 1 and head is not None:
+            key = None if greedy or keys is None else keys.take()
             drafts, draft_probs, confidence = _draft(
-                target, draft, head, cache, block, params
+                target, draft, head, cache, block, params, key
             )
             if keep_drafts is not None:
                 mx.eval(drafts, confidence, draft_probs)
@@ -148,20 +162,29 @@ class _Step:
             drafts, verify_ids = None, block[:, :1]
         self.verified = verify_ids.shape[1]
         hidden, self.features = target(verify_ids, cache.target, self.tape)
-        accepted, emitted = _accept(
-            params, drafts, draft_probs, target.logits(hidden)[0]
-        )
+        logits = target.logits(hidden)[0]
+        key = None if greedy or keys is None else keys.take()
+        accepted, emitted = _accept(params, drafts, draft_probs, logits, key)
         self.result = mx.concatenate([accepted[None].astype(emitted.dtype), emitted])
-        mx.async_eval(self.result)
+        self.logprobs = None
+        if top_logprobs > 0:
+            self.logprobs = token_logprobs(logits, emitted, top_logprobs)
+        mx.async_eval(self.result, *(self.logprobs or ()))
 
-    def resolve(self) -> tuple[int, list[int]]:
-        """Sync: (drafts accepted, committed tokens)."""
+    def resolve(self) -> tuple[int, list[int], list[TokenLogprobs] | None]:
+        """Sync: (drafts accepted, committed tokens, their logprobs or None)."""
         values = cast(list[int], self.result.tolist())
-        return values[0], values[1 : values[0] + 2]
+        n = values[0] + 1
+        return values[0], values[1 : n + 1], _logprob_rows(self.logprobs, n)
 
 
-def _first_token(params: SamplingParams, logits: mx.array) -> int:
-    return cast(int, params.sample(logits).item())
+def _logprob_rows(arrays, n: int) -> list[TokenLogprobs] | None:
+    """The first `n` rows of `token_logprobs`' arrays as Python values."""
+    if arrays is None:
+        return None
+    chosen, ids, values = (a[:n].tolist() for a in arrays)
+    rows = zip(chosen, ids, values, strict=True)
+    return [(c, list(zip(i, v, strict=True))) for c, i, v in rows]
 
 
 def generate_blocks(
@@ -175,13 +198,54 @@ def generate_blocks(
     stop_tokens: frozenset = frozenset(),
     prefill_step_size: int = 2048,
     stream: "mx.Stream | mx.ThreadLocalStream | None" = None,
+    *,
+    seed: int | None = None,
+    logprobs: int = 0,
 ) -> Generator[Block, None, None]:
     """Yield committed blocks of token ids; the first block is the prefill's token.
 
     `block_size` is a size or a policy with `next(limit)`/`observe(size, accepted,
     seconds)` and optionally `cut(confidences)`. `cache` is updated in place and stays
-    consistent when the caller stops early.
+    consistent when the caller stops early; it belongs to this generation until it ends
+    (another live one on it is refused). With a `seed`, sampling draws from this
+    generation's own keys only. With `logprobs` k >= 1, each block carries the target's
+    log-probabilities of its tokens and top k.
     """
+    owner = object()
+    cache.claim(owner)
+    try:
+        yield from _blocks(
+            target,
+            draft,
+            prompt,
+            cache,
+            params,
+            block_size,
+            max_tokens,
+            stop_tokens,
+            prefill_step_size,
+            stream,
+            KeyStream(seed),
+            logprobs,
+        )
+    finally:
+        cache.release(owner)
+
+
+def _blocks(
+    target: Target,
+    draft,
+    prompt: Sequence[int],
+    cache: PromptCache,
+    params: SamplingParams,
+    block_size,
+    max_tokens: int,
+    stop_tokens: frozenset,
+    prefill_step_size: int,
+    stream: "mx.Stream | mx.ThreadLocalStream | None",
+    keys: KeyStream,
+    top_logprobs: int,
+) -> Generator[Block, None, None]:
     policy = FixedBlockSize(1) if draft is None else block_size
     if isinstance(policy, int):
         policy = FixedBlockSize(policy)
@@ -195,10 +259,16 @@ def generate_blocks(
         logits = _prefill(
             target, draft, cache, list(prompt[reused:]), prefill_step_size
         )
-        first = _first_token(params, logits)
+        sampled = params.sample(logits, None if params.greedy else keys.take())
+        rows = None
+        if top_logprobs > 0:
+            rows = _logprob_rows(
+                token_logprobs(logits[None], sampled[None], top_logprobs), 1
+            )
+        first = cast(int, sampled.item())
     n, last = 1, first
     done = first in stop_tokens or n >= budget
-    pending = Block([first], 0, 1, first in stop_tokens, reused=reused)
+    pending = Block([first], 0, 1, first in stop_tokens, reused=reused, logprobs=rows)
     step = None
     clock = time.perf_counter()
     try:
@@ -216,24 +286,31 @@ def generate_blocks(
                         params,
                         mask_id,
                         keep_drafts,
+                        keys,
+                        top_logprobs,
                     )
+            handed_out = time.perf_counter()
             yield pending
+            # the policy times this generation's own work: not the time the consumer
+            # held the block (other generations may run on this thread meanwhile)
+            away = time.perf_counter() - handed_out
             if step is None:
                 return
-            accepted, tokens = step.resolve()
+            accepted, tokens, rows = step.resolve()
             now = time.perf_counter()
             policy.observe(
                 step.drafted,
                 accepted,
-                now - clock,
+                now - clock - away,
                 verified=step.verified,
-                verify_seconds=now - max(step.verify_start, clock),
+                verify_seconds=now - max(step.verify_start, clock) - away,
             )
             clock = now
             stop_at = next(
                 (i + 1 for i, t in enumerate(tokens) if t in stop_tokens), len(tokens)
             )
             tokens = tokens[: int(min(stop_at, budget - n))]
+            rows = rows[: len(tokens)] if rows is not None else None
             with mx.stream(stream):
                 if draft is not None:
                     draft.absorb(step.features[:, : len(tokens)], cache.draft)
@@ -245,7 +322,8 @@ def generate_blocks(
             last, n = tokens[-1], n + len(tokens)
             finished = tokens[-1] in stop_tokens
             done = finished or n >= budget
-            pending = Block(tokens, min(accepted, len(tokens)), step.verified, finished)
+            from_draft = min(accepted, len(tokens))
+            pending = Block(tokens, from_draft, step.verified, finished, logprobs=rows)
             step = None
     finally:
         if step is not None:  # stopped with a block in flight: undo it entirely
@@ -260,9 +338,8 @@ class GenerationResponse:
 
     text: str
     tokens: list[int]
-    accepted: (
-        int | None
-    )  # tokens this block committed (acceptance length), None for the first
+    # tokens this block committed (the acceptance length), None for the first
+    accepted: int | None
     prompt_tokens: int
     prompt_tps: float
     generation_tokens: int
@@ -272,6 +349,8 @@ class GenerationResponse:
     from_draft: int = 0  # leading tokens of `tokens` that were drafted
     block_size: int = 1  # tokens the target verified for this block
     reused_tokens: int = 0  # prompt tokens served from the prompt cache
+    # per token, with stream_generate(logprobs=k)
+    logprobs: list[TokenLogprobs] | None = None
     # the text of each of `tokens` (a stop token's is ''); joined, they are `text`
     token_texts: list[str] = field(default_factory=list)
 
@@ -332,6 +411,8 @@ def stream_generate(
     *,
     min_p: float = 0.0,
     prompt_cache: PromptCache | None = None,
+    seed: int | None = None,
+    logprobs: int = 0,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate from `prompt`, yielding one response per verified block.
 
@@ -342,6 +423,9 @@ def stream_generate(
     (multi-turn chat). Sampling follows `mlx_lm.sample_utils.make_sampler`: top-p,
     min-p and top-k filter the distribution at temperature 1, then the temperature
     applies; 0 turns each filter off.
+    `seed`: sample from this generation's own random keys (same seed, same output).
+    `logprobs` k >= 1: each response carries, per token, the target's log-probability of
+    it and its k most likely tokens.
     """
     from mlx_lm.generate import generation_stream, wired_limit
 
@@ -380,6 +464,8 @@ def stream_generate(
             stop,
             prefill_step_size,
             generation_stream,
+            seed=seed,
+            logprobs=logprobs,
         )
         try:
             yield from _responses(blocks, ids, max_tokens, detokenizer, tic)
@@ -426,6 +512,7 @@ def _responses(blocks, ids, max_tokens, detokenizer, tic):
             from_draft=block.from_draft,
             block_size=block.block_size,
             reused_tokens=reused,
+            logprobs=block.logprobs,
             token_texts=texts,
         )
 

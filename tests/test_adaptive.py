@@ -1,7 +1,7 @@
 """The adaptive block size: picks what is fastest here, stays lossless."""
 
 import pytest
-from decoding import long_prompt, plain, spec
+from lossless import long_prompt, plain, spec
 from oracles import OracleDraft
 
 from dflash_mlx.adaptive import AdaptiveBlockSize, FixedBlockSize

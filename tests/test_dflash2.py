@@ -3,7 +3,7 @@
 import mlx.core as mx
 import pytest
 import tiny
-from decoding import long_prompt, plain, spec
+from lossless import long_prompt, plain, spec
 from mlx.utils import tree_flatten
 from reference_drafter import reference_draft
 

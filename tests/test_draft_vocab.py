@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import tiny
 from chisquare import chi2, chi2_critical
-from decoding import plain, spec
+from lossless import plain, spec
 from mlx.utils import tree_flatten, tree_map
 
 from dflash_mlx import SamplingParams, load, load_draft, stream_generate

@@ -4,9 +4,8 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 import tiny
-from decoding import PROMPTS, long_prompt, plain, spec
+from lossless import PROMPTS, long_prompt, oracle, plain, spec
 from mlx.utils import tree_flatten
-from oracles import OracleDraft
 
 from dflash_mlx import load, load_draft, make_prompt_cache, stream_generate
 
@@ -25,12 +24,6 @@ def loaded(tiny_pair):
         return cache[family]
 
     return get
-
-
-def oracle(draft, reference, wrong=lambda k, i: False):
-    o = OracleDraft(draft.args, reference, wrong)
-    o.update(draft.parameters())
-    return o
 
 
 @pytest.mark.parametrize("family", FAMILIES)

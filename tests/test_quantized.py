@@ -4,7 +4,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 import tiny
-from decoding import long_prompt, plain, spec
+from lossless import long_prompt, plain, spec
 from oracles import OracleDraft
 
 from dflash_mlx import load, load_draft

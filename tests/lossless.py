@@ -1,6 +1,7 @@
-"""Runs shared by the losslessness tests: plain mlx-lm decoding and our engine."""
+"""Helpers for the lossless claim: plain mlx-lm greedy decoding is the reference."""
 
 import mlx_lm
+from oracles import OracleDraft
 
 from dflash_mlx import stream_generate
 
@@ -8,7 +9,7 @@ PROMPTS = ["hello world, this is a test", "1, 2, 3, 4,", "The quick brown fox"]
 
 
 def plain(model, tok, prompt, max_tokens):
-    """Greedy tokens from plain mlx-lm decoding: the reference output."""
+    """mlx-lm's own greedy tokens."""
     return [
         r.token
         for r in mlx_lm.stream_generate(model, tok, prompt, max_tokens=max_tokens)
@@ -25,6 +26,13 @@ def long_prompt(model, tok, n=40):
 
 
 def spec(model, draft, tok, prompt, **kw):
-    """(all tokens, responses) from this package's `stream_generate`."""
+    """(tokens, responses) of a DFlash generation."""
     responses = list(stream_generate(model, draft, tok, prompt, **kw))
     return [t for r in responses for t in r.tokens], responses
+
+
+def oracle(draft, reference, wrong=lambda k, i: False):
+    """`draft`'s weights, proposing `reference` except where `wrong(k, i)`."""
+    o = OracleDraft(draft.args, reference, wrong)
+    o.update(draft.parameters())
+    return o
