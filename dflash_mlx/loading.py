@@ -123,8 +123,6 @@ def load(path_or_repo: str | None = None, **kwargs):
             raise ValueError(
                 f"GGUF file '{path_or_repo}' does not exist; check the path."
             )
-        # MLX's CPU quantized matmul is slow; dequantized float32 uses the fast BLAS.
-        kwargs.setdefault("dequantize", mx.default_device() == mx.cpu)
         model, tokenizer = load_gguf(str(Path(path_or_repo).expanduser()), **kwargs)
         model.name_or_path = str(path_or_repo)
         return model, tokenizer
