@@ -151,3 +151,18 @@ def to_numpy(path: Path, info: TensorInfo) -> np.ndarray:
             "package cannot dequantize; convert the file to another type with "
             "llama.cpp's `llama-quantize`, or load the safetensors model."
         ) from e
+
+
+def dequantizable(kind: str) -> bool:
+    """Whether tensors of ggml type `kind` can be read (by MLX or `gguf.quants`)."""
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    if kind in MLX_NATIVE or kind in ("BF16", "I8", "I16", "I32"):
+        return True
+    qtype = GGMLQuantizationType[kind]
+    try:
+        dequantize(np.zeros((1, GGML_QUANT_SIZES[qtype][1]), np.uint8), qtype)
+    except NotImplementedError:
+        return False
+    return True
