@@ -93,7 +93,8 @@ def _model_rows(m: dict) -> list[tuple[str, str]]:
         ("Found", f"{m['source'] or 'no'}" + (f": {m['path']}" if m["path"] else "")),
         (
             "Family",
-            f"{m['family'] or '?'} ({'' if m['supported'] else 'not '}supported)",
+            f"{m['family'] or '?'} "
+            f"({'supported' if m['supported'] else 'not supported from this source'})",
         ),
         ("Details", details or "-"),
         ("Will load", loads),
