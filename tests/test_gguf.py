@@ -272,3 +272,27 @@ def test_real_smollm2_gguf():
     assert prompt.endswith("<|im_start|>assistant\n")
     answer = tok.decode(_greedy(model, 8, tok.encode(prompt)))
     assert "Paris" in answer
+
+
+def test_header_scan_and_gguf_dequantize_match_mx_load_on_real_smollm2():
+    # A file llama.cpp wrote: the header scan, memory-mapped offsets and gguf's
+    # dequantization against MLX's own GGUF reader, tensor by tensor.
+    from dflash_mlx.gguf_file import to_numpy
+
+    header = read_header(_smollm2())
+    loaded = mx.load(str(header.path))
+    names = [n for n in header.tensors if n.startswith(("blk.0.", "output_norm"))]
+    names.append("token_embd.weight")
+    assert {header.tensors[n].kind for n in names} == {"Q4_1", "Q8_0", "F32"}
+    for name in names:
+        stem = name.removesuffix(".weight")
+        expected = loaded[name]
+        if f"{stem}.scales" in loaded:
+            s, b = loaded[f"{stem}.scales"], loaded[f"{stem}.biases"]
+            bits = expected.shape[-1] * 32 // (s.shape[-1] * 32)
+            expected = mx.dequantize(
+                expected, s.astype(mx.float32), b.astype(mx.float32), 32, bits
+            )
+        ours = to_numpy(header.path, header.tensors[name])
+        assert ours.shape == expected.shape == header.tensors[name].shape, name
+        assert np.allclose(ours, np.array(expected), rtol=1e-6, atol=1e-7), name
