@@ -16,13 +16,24 @@ _QWEN2_SPLIT = (
     r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
     r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
+_GPT4O_SPLIT = (
+    r"[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]*[\p{Ll}\p{Lm}\p{Lo}\p{M}]+"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}]+[\p{Ll}\p{Lm}\p{Lo}\p{M}]*"
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)?"
+    r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n/]*|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
 _SPLITS = {
     "llama-bpe": _LLAMA3_SPLIT,
     "llama3": _LLAMA3_SPLIT,
     "smaug-bpe": _LLAMA3_SPLIT,
     "qwen2": _QWEN2_SPLIT,
     "deepseek-r1-qwen": _QWEN2_SPLIT,
+    "gpt-4o": _GPT4O_SPLIT,  # gpt-oss (o200k_harmony)
 }
+# Vocabularies whose tokenizer.json says "ignore_merges": whole words in the vocabulary
+# are taken as they are.
+_IGNORE_MERGES = ("llama-bpe", "llama3", "gpt-4o")
 CONTROL, USER_DEFINED = 3, 4
 
 
@@ -54,7 +65,7 @@ def build_tokenizer(md: dict):
         models.BPE(
             {t: i for i, t in enumerate(tokens)},
             merges,
-            ignore_merges=pre in ("llama-bpe", "llama3"),
+            ignore_merges=pre in _IGNORE_MERGES,
         )
     )
     byte_level = pre_tokenizers.ByteLevel(

@@ -36,12 +36,32 @@ _LAYER = {
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
 }
-_ARCH = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "qwen3_moe": "qwen3moe"}
-# Q4_K_M as llama.cpp mixes it: most tensors Q4_K, some Q6_K, others kept F32.
-MIXES = {"Q4_K_M": {"attn_v": "Q6_K", "ffn_down": "Q6_K", "token_embd": "Q8_0"}}
+_GPT_OSS = {
+    "post_attention_layernorm": "post_attention_norm",
+    "mlp.router": "ffn_gate_inp",
+    "mlp.experts.gate_proj": "ffn_gate_exps",
+    "mlp.experts.up_proj": "ffn_up_exps",
+    "mlp.experts.down_proj": "ffn_down_exps",
+    "mlp.experts.gate_up_proj": "ffn_gate_up_exps",
+}
+_ARCH = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3moe",
+    "gpt_oss": "gpt-oss",
+}
+_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps")
+# Mixes as llama.cpp makes them: (type by tensor role, type of the other matrices).
+MIXES = {
+    "Q4_K_M": ({"attn_v": "Q6_K", "ffn_down": "Q6_K", "token_embd": "Q8_0"}, "Q4_K"),
+    "MXFP4_MOE": (dict.fromkeys(_EXPERTS, "MXFP4"), "Q8_0"),
+}
 
 
-def gguf_name(name: str) -> str:
+def gguf_name(name: str, model_type: str = "llama") -> str:
+    if name.endswith(".self_attn.sinks"):
+        return f"blk.{name.split('.')[2]}.attn_sinks.weight"
     module, suffix = name.rsplit(".", 1)
     top = {
         "model.embed_tokens": "token_embd",
@@ -51,7 +71,8 @@ def gguf_name(name: str) -> str:
     if module in top:
         return f"{top[module]}.{suffix}"
     _, _, i, rest = module.split(".", 3)
-    return f"blk.{i}.{_LAYER[rest]}.{suffix}"
+    names = _LAYER | (_GPT_OSS if model_type == "gpt_oss" else {})
+    return f"blk.{i}.{names[rest]}.{suffix}"
 
 
 def permute(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -245,8 +266,8 @@ def tokenizer_metadata(tokenizer, pre: str) -> dict:
 def _kind(gname: str, w: np.ndarray, quant: str) -> str:
     if w.ndim < 2 or ".ffn_gate_inp." in gname:
         return "F32"  # norms, biases and the MoE router stay F32, as in llama.cpp
-    role = gname.split(".")[-2]
-    return MIXES.get(quant, {}).get(role, quant.removesuffix("_M"))
+    roles, default = MIXES.get(quant, ({}, quant))
+    return roles.get(gname.split(".")[-2], default)
 
 
 def _hparams(config: dict) -> dict:
@@ -269,11 +290,37 @@ def _hparams(config: dict) -> dict:
         md[f"{arch}.expert_count"] = config["num_experts"]
         md[f"{arch}.expert_used_count"] = config["num_experts_per_tok"]
         md[f"{arch}.expert_feed_forward_length"] = config["moe_intermediate_size"]
+    if arch == "gpt-oss":
+        md[f"{arch}.expert_count"] = config["num_local_experts"]
+        md[f"{arch}.expert_used_count"] = config["num_experts_per_tok"]
+        md[f"{arch}.expert_feed_forward_length"] = config["intermediate_size"]
+        md[f"{arch}.attention.sliding_window"] = config["sliding_window"]
+    yarn = config.get("rope_scaling") or {}
+    if yarn.get("rope_type", yarn.get("type")) == "yarn":
+        md[f"{arch}.rope.scaling.type"] = "yarn"
+        md[f"{arch}.rope.scaling.factor"] = float(yarn["factor"])
+        orig = yarn["original_max_position_embeddings"]
+        md[f"{arch}.rope.scaling.original_context_length"] = orig
     return md
 
 
+def _fuse_gate_up(weights: dict) -> dict:
+    """Newer llama.cpp's fused expert layout: gate rows, then up rows, in one tensor."""
+    out = dict(weights)
+    for name in [n for n in weights if ".experts.gate_proj." in n]:
+        up = out.pop(name.replace("gate_proj", "up_proj"))
+        axis = -2 if name.endswith(".weight") else -1
+        fused = np.concatenate([out.pop(name), up], axis)
+        out[name.replace("gate_proj", "gate_up_proj")] = fused
+    return out
+
+
 def write_target(
-    target_dir: Path, out: Path, quant: str = "F32", pre: str = "gpt-2"
+    target_dir: Path,
+    out: Path,
+    quant: str = "F32",
+    pre: str = "gpt-2",
+    fuse_gate_up: bool = False,
 ) -> dict:
     """Write the target at `target_dir` as GGUF; return the weights it represents."""
     from transformers import AutoTokenizer
@@ -287,19 +334,26 @@ def write_target(
         "q_proj": config["num_attention_heads"],
         "k_proj": config["num_key_value_heads"],
     }
+    if fuse_gate_up:
+        weights = _fuse_gate_up(weights)
     tensors, represented = {}, {}
     for name, w in weights.items():
-        gname = gguf_name(name)
-        n_heads = (
-            heads.get(name.split(".")[-2]) if config["model_type"] == "llama" else None
-        )
+        gname = gguf_name(name, config["model_type"])
+        llama = config["model_type"] == "llama"
+        n_heads = heads.get(name.split(".")[-2]) if llama else None
         stored = permute(w, n_heads) if n_heads else w
         kind = _kind(gname, w, quant)
         data, values = encode(stored, kind)
         if n_heads:  # the values in HF row order
             values = values[np.argsort(permute(np.arange(w.shape[0]), n_heads))]
         tensors[gname] = (kind, data)
-        represented[name] = values
+        if ".gate_up_proj." in name:
+            axis = -2 if name.endswith(".weight") else -1
+            gate, up = np.split(values, 2, axis)
+            represented[name.replace("gate_up_proj", "gate_proj")] = gate
+            represented[name.replace("gate_up_proj", "up_proj")] = up
+        else:
+            represented[name] = values
     md = _hparams(config)
     md.update(tokenizer_metadata(AutoTokenizer.from_pretrained(str(target_dir)), pre))
     write(out, tensors, md)

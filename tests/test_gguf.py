@@ -23,6 +23,21 @@ WIDE = dict(hidden_size=256, intermediate_size=512, head_dim=64)
 WIDE_MOE = dict(WIDE, moe_intermediate_size=256)
 
 
+# gpt-oss as released: YaRN rope scaling.
+YARN = {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096}
+
+
+def _jitter_vectors(path):
+    # Norms start at 1 and sinks at 0: random values make a swapped or dropped vector
+    # visible in the outputs.
+    rng = np.random.default_rng(1)
+    weights = mx.load(str(path / "model.safetensors"))
+    for k, v in weights.items():
+        if v.ndim == 1:
+            weights[k] = v + mx.array(rng.normal(0, 0.3, v.shape), v.dtype)
+    mx.save_safetensors(str(path / "model.safetensors"), weights, {"format": "mlx"})
+
+
 @pytest.fixture(scope="module")
 def gguf_files(tmp_path_factory):
     """get(family, quant, wide) -> (gguf path, safetensors copy of its exact values)."""
@@ -33,15 +48,20 @@ def gguf_files(tmp_path_factory):
         name = f"{family}-{'wide' if wide else 'small'}"
         if name not in built:
             extra = (WIDE_MOE if family == "qwen3_moe" else WIDE) if wide else {}
+            if family == "gpt_oss":
+                extra = extra | {"rope_scaling": YARN}
             built[name] = tiny.make_target(root / name, family, **extra)
+            _jitter_vectors(built[name])
         return built[name]
 
-    def get(family, quant, wide=False):
+    def get(family, quant, wide=False, fuse_gate_up=False):
         src = source(family, wide)
-        path = root / f"{src.name}-{quant}.gguf"
-        ref = root / f"{src.name}-{quant}-ref"
+        stem = f"{src.name}-{quant}{'-fused' if fuse_gate_up else ''}"
+        path, ref = root / f"{stem}.gguf", root / f"{stem}-ref"
         if not path.exists():
-            values = gguf_writer.write_target(src, path, quant)
+            values = gguf_writer.write_target(
+                src, path, quant, fuse_gate_up=fuse_gate_up
+            )
             gguf_writer.save_reference(src, values, ref)
         return path, ref
 
@@ -94,7 +114,7 @@ def test_block_packers_agree_with_gguf_dequantize(kind):
     assert np.abs(values - x).max() < 0.1 * np.abs(x).max()
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"])
 def test_f32_gguf_equals_safetensors(gguf_files, family):
     from mlx_lm import load
 
@@ -127,12 +147,13 @@ def test_f32_gguf_equals_safetensors(gguf_files, family):
         ("qwen3_moe", "Q4_K_M"),
         ("qwen3", "BF16"),
         ("qwen2", "MXFP4"),
+        ("gpt_oss", "MXFP4_MOE"),
     ],
 )
 def test_downloaded_quant_types_equal_their_values(gguf_files, family, quant):
     path, ref = gguf_files(family, quant, wide=True)
     kinds = read_header(path).kinds()
-    assert quant.removesuffix("_M") in kinds
+    assert quant.split("_")[0] in {k.split("_")[0] for k in kinds}
     model, _ = load_gguf(path)
     assert model.model.layers[0].self_attn.q_proj.weight.dtype == mx.float32
     _assert_same_model(model, _load_ref(ref)[0])
@@ -156,7 +177,10 @@ def test_native_types_keep_their_blocks_when_bits_match(gguf_files, family, quan
     assert _greedy(model) == _greedy(reference)
 
 
-@pytest.mark.parametrize("family,quant", [("llama", "Q4_K"), ("qwen3_moe", "Q4_K_M")])
+@pytest.mark.parametrize(
+    "family,quant",
+    [("llama", "Q4_K"), ("qwen3_moe", "Q4_K_M"), ("gpt_oss", "MXFP4_MOE")],
+)
 def test_requantized_equals_mlx_lm_quantize_model(gguf_files, family, quant):
     from mlx_lm.utils import quantize_model
 
@@ -180,13 +204,25 @@ def test_requantized_equals_mlx_lm_quantize_model(gguf_files, family, quant):
     assert peak < qbytes + 4 * largest
 
 
-@pytest.mark.parametrize("block_size", [4, "auto"])
-def test_dflash_on_requantized_gguf_is_lossless(gguf_files, block_size):
-    path, _ = gguf_files("llama", "Q4_K_M", wide=True)
+def test_gpt_oss_fused_gate_up_experts(gguf_files):
+    # Newer llama.cpp writes gpt-oss's gate and up experts as one ffn_gate_up_exps.
+    path, ref = gguf_files("gpt_oss", "MXFP4_MOE", fuse_gate_up=True)
+    assert "blk.0.ffn_gate_up_exps.weight" in read_header(path).tensors
+    model, _ = load_gguf(path)
+    assert model.args.rope_scaling["factor"] == 32.0 and model.args.sliding_window == 6
+    _assert_same_model(model, _load_ref(ref)[0])
+
+
+@pytest.mark.parametrize(
+    "family,quant,block_size",
+    [("llama", "Q4_K_M", 4), ("llama", "Q4_K_M", "auto"), ("gpt_oss", "MXFP4_MOE", 4)],
+)
+def test_dflash_on_requantized_gguf_is_lossless(gguf_files, family, quant, block_size):
+    path, _ = gguf_files(family, quant, wide=True)
     model, tok = load_gguf(path, quantize=4)
-    draft_dir = gguf_files.root / "llama-wide-draft"
+    draft_dir = gguf_files.root / f"{family}-wide-draft"
     if not draft_dir.exists():
-        tiny.make_draft(draft_dir, gguf_files.source("llama", True))
+        tiny.make_draft(draft_dir, gguf_files.source(family, True))
     draft = load_draft(str(draft_dir), model)
     tokens = []
     for r in stream_generate(
