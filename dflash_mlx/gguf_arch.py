@@ -26,6 +26,18 @@ REFUSED = {
     "deepseek2": "deepseek_v3 / kimi_k25",
     "minimax-m2": "minimax",
 }
+_WHY = dict.fromkeys(
+    ("qwen35", "qwen35moe", "qwen3next"),
+    "llama.cpp's converter rewrites its linear-attention tensors (A_log stored as "
+    "-exp(A_log), norms shifted by 1, q/k/v/z regrouped, V heads reordered by newer "
+    "versions) and the inverse is not implemented here",
+) | {
+    "gemma4": "llama.cpp's converter rewrites its norms and per-layer-input tensors "
+    "and the inverse is not implemented here",
+    "deepseek2": "llama.cpp stores its MLA projections in two layouts (attn_kv_b, or "
+    "attn_k_b/attn_v_b in newer files), not mapped here",
+    "minimax-m2": "its llama.cpp layout is not mapped here",
+}
 FIX_ARCH = "Load the model's safetensors (or mlx-community MLX) repo instead."
 
 _TOP = {
@@ -71,8 +83,7 @@ def check_architecture(md: dict) -> str:
     if arch in REFUSED:
         raise ValueError(
             f"GGUF architecture '{arch}' (mlx-lm '{REFUSED[arch]}', a supported DFlash "
-            "target) is not read from GGUF here: llama.cpp rewrites its tensors beyond "
-            f"renaming. {FIX_ARCH}"
+            f"target) is not read from GGUF here: {_WHY[arch]}. {FIX_ARCH}"
         )
     raise ValueError(
         f"GGUF architecture '{arch}' is not a DFlash target family; GGUF targets here: "
