@@ -40,7 +40,7 @@ def _jitter_vectors(path):
 
 @pytest.fixture(scope="module")
 def gguf_files(tmp_path_factory):
-    """get(family, quant, wide) -> (gguf path, safetensors copy of its exact values)."""
+    """get(family, quant) -> (gguf path, safetensors copy of its exact values)."""
     root = tmp_path_factory.mktemp("gguf")
     built = {}
 
@@ -54,8 +54,9 @@ def gguf_files(tmp_path_factory):
             _jitter_vectors(built[name])
         return built[name]
 
-    def get(family, quant, wide=False, fuse_gate_up=False):
-        src = source(family, wide)
+    def get(family, quant, fuse_gate_up=False):
+        # K-quant and IQ4_XS blocks hold 256 values: those files need wider rows.
+        src = source(family, wide="_K" in quant or "IQ4" in quant)
         stem = f"{src.name}-{quant}{'-fused' if fuse_gate_up else ''}"
         path, ref = root / f"{stem}.gguf", root / f"{stem}-ref"
         if not path.exists():
@@ -151,7 +152,7 @@ def test_f32_gguf_equals_safetensors(gguf_files, family):
     ],
 )
 def test_downloaded_quant_types_equal_their_values(gguf_files, family, quant):
-    path, ref = gguf_files(family, quant, wide=True)
+    path, ref = gguf_files(family, quant)
     kinds = read_header(path).kinds()
     assert quant.split("_")[0] in {k.split("_")[0] for k in kinds}
     model, _ = load_gguf(path)
@@ -184,7 +185,7 @@ def test_native_types_keep_their_blocks_when_bits_match(gguf_files, family, quan
 def test_requantized_equals_mlx_lm_quantize_model(gguf_files, family, quant):
     from mlx_lm.utils import quantize_model
 
-    path, _ = gguf_files(family, quant, wide=True)
+    path, _ = gguf_files(family, quant)
     mx.reset_peak_memory()
     before = mx.get_active_memory()
     model, _ = load_gguf(path, quantize=4)
@@ -218,11 +219,13 @@ def test_gpt_oss_fused_gate_up_experts(gguf_files):
     [("llama", "Q4_K_M", 4), ("llama", "Q4_K_M", "auto"), ("gpt_oss", "MXFP4_MOE", 4)],
 )
 def test_dflash_on_requantized_gguf_is_lossless(gguf_files, family, quant, block_size):
-    path, _ = gguf_files(family, quant, wide=True)
+    path, _ = gguf_files(family, quant)
     model, tok = load_gguf(path, quantize=4)
-    draft_dir = gguf_files.root / f"{family}-wide-draft"
+    draft_dir = gguf_files.root / f"{family}-{quant}-draft"
     if not draft_dir.exists():
-        tiny.make_draft(draft_dir, gguf_files.source(family, True))
+        tiny.make_draft(
+            draft_dir, path.parent / path.name.replace(f"-{quant}.gguf", "")
+        )
     draft = load_draft(str(draft_dir), model)
     tokens = []
     for r in stream_generate(
@@ -235,7 +238,7 @@ def test_dflash_on_requantized_gguf_is_lossless(gguf_files, family, quant, block
 def test_load_api_takes_quantize(gguf_files):
     from dflash_mlx import load
 
-    path, ref = gguf_files("qwen3", "Q6_K", wide=True)
+    path, ref = gguf_files("qwen3", "Q6_K")
     model, _ = load(str(path), quantize=8)
     assert model.model.layers[0].mlp.up_proj.bits == 8
     assert model.name_or_path == str(path)
