@@ -8,6 +8,7 @@ done per tensor with the same choices as mlx-lm's `quantize_model`.
 """
 
 import importlib
+from typing import cast
 
 import mlx.core as mx
 
@@ -80,14 +81,16 @@ def _quant_plan(model, header: GGUFHeader, bits: int, group_size: int) -> dict:
 def _tensors(header: GGUFHeader):
     """(gguf name, float array or (weight, scales, biases) triplet), one at a time."""
     if header.kinds() <= MLX_NATIVE:
-        loaded = mx.load(str(header.path))
+        loaded = cast(dict[str, mx.array], mx.load(str(header.path)))
         for name in list(loaded):
             if not name.endswith((".scales", ".biases")):
                 w = loaded.pop(name)
                 stem = name[: -len(".weight")]
                 if f"{stem}.scales" in loaded:
-                    w = (w, loaded.pop(f"{stem}.scales"), loaded.pop(f"{stem}.biases"))
-                yield name, w
+                    s, b = loaded.pop(f"{stem}.scales"), loaded.pop(f"{stem}.biases")
+                    yield name, (w, s, b)
+                else:
+                    yield name, w
         return
     for name, info in header.tensors.items():
         arr = to_numpy(header.path, info)
@@ -108,7 +111,7 @@ def convert_weights(
             "q_proj": config["num_attention_heads"],
             "k_proj": config["num_key_value_heads"],
         }
-    out = {}
+    out: dict[str, mx.array] = {}
     for name, w in _tensors(header):
         if name == "rope_freqs.weight":
             continue
@@ -144,6 +147,7 @@ def _store(out: dict, key: str, w, plan: dict, dtype: mx.Dtype):
     """Put one tensor into `out`, evaluated: as its kept blocks, quantized, or float."""
     module = key.rpartition(".")[0]
     spec = plan.get(module) if key.endswith(".weight") else None
+    arrays: tuple[mx.array, ...]
     if isinstance(w, tuple) and spec == {"group_size": NATIVE_GROUP, "bits": _bits(w)}:
         arrays = (w[0], w[1].astype(dtype), w[2].astype(dtype))
     else:

@@ -8,13 +8,14 @@ accepts it, the drafter the registry gives it, and why not when it would be refu
 import json
 from collections import Counter
 from pathlib import Path
+from typing import Any
 
 from .registry import drafter_for
 
 
 def check_target(spec: str) -> dict:
     """A plain-data report on target `spec`; `loads` False comes with a `reason`."""
-    report = {
+    report: dict[str, Any] = {
         "model": spec,
         "source": None,
         "path": None,
@@ -57,7 +58,7 @@ def _check_gguf(path: Path, report: dict):
     report["source"], report["path"] = "gguf", str(path)
     header = read_header(path)
     md = header.metadata
-    arch = md.get("general.architecture")
+    arch = md.get("general.architecture") or ""
     report["family"] = gguf.ARCHITECTURES.get(arch) or gguf.REFUSED.get(arch, arch)
     kinds = Counter(t.kind for t in header.tensors.values())
     embed = header.tensors.get("token_embd.weight")
