@@ -140,8 +140,6 @@ def load(path_or_repo: str | None = None, *, distributed=None, **kwargs):
             raise ValueError(
                 f"GGUF file '{path_or_repo}' does not exist; check the path."
             )
-        # MLX's CPU quantized matmul is slow; dequantized float32 uses the fast BLAS.
-        kwargs.setdefault("dequantize", mx.default_device() == mx.cpu)
         file = Path(path_or_repo).expanduser()
         model, tokenizer = load_gguf(str(file), **kwargs)
         model.name_or_path = str(path_or_repo)
