@@ -37,6 +37,11 @@ from .doctor import doctor  # noqa: E402
 app.command("doctor")(doctor)
 
 
+from .serve import serve  # noqa: E402
+
+app.command("serve")(serve)
+
+
 def main():
     """Console entry: on Linux, re-exec once with OpenBLAS preloaded (see blas.py), then run."""
     from dflash_mlx.blas import ensure_fast_blas
