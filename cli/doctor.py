@@ -30,7 +30,7 @@ def _cpu_kernels(mx) -> tuple[str, list]:
 
     if mx.default_device() != mx.cpu:
         return "MLX's own (fused on this device)", []
-    if cpu_ops.enabled():
+    if cpu_ops.available():
         return "fused (mx.compile, cpu_ops)", []
     return "MLX's own (MLX could not compile CPU kernels)", [
         "MLX could not compile CPU kernels, so verifying a block is ~10% slower: install a "

@@ -15,7 +15,6 @@ current rate. Where v grows with T (CPUs) this skips hopeless drafts; where v is
 """
 
 
-
 class AdaptiveBlockSize:
     """Picks block sizes among powers of two up to `max_size` (and `max_size` itself)."""
 

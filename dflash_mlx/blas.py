@@ -121,9 +121,7 @@ def reexec_env(
     return env
 
 
-def ensure_fast_blas(
-    argv: Sequence[str] | None = None, platform: str = sys.platform
-):
+def ensure_fast_blas(argv: Sequence[str] | None = None, platform: str = sys.platform):
     """At CLI start on Linux: re-exec this command with OpenBLAS preloaded when it helps.
 
     `argv` is the command line after the interpreter (default: this process's own). Returns

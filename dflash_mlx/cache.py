@@ -2,6 +2,9 @@
 
 from collections.abc import Sequence
 
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
 from .target import Target
 
 
@@ -24,7 +27,32 @@ class PromptCache:
     def __init__(self, target: Target, draft=None):
         self.target_model = target.model
         self.draft_model = draft
+        self._owner: object | None = None
         self.reset(target)
+
+    def claim(self, owner: object):
+        """Make `owner` (one live generation) the only user of these caches."""
+        if self._owner is not None and self._owner is not owner:
+            raise ValueError(
+                "This prompt cache is in use by another generation that has not "
+                "finished: finish or close() that generator first, or give each "
+                "concurrent generation its own cache (make_prompt_cache)."
+            )
+        self._owner = owner
+
+    def release(self, owner: object):
+        if self._owner is owner:
+            self._owner = None
+
+    @property
+    def in_use(self) -> bool:
+        return self._owner is not None
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held by the target's and the drafter's caches."""
+        arrays = tree_flatten([c.state for c in self.target + (self.draft or [])])
+        return sum(a.nbytes for _, a in arrays if isinstance(a, mx.array))
 
     def reset(self, target: Target):
         self.target = target.make_cache()

@@ -4,15 +4,17 @@ On the CPU, MLX evaluates `exp` one element at a time (~12 ns each), so the soft
 block attention and the sigmoid of SwiGLU, whose work grows with the number of tokens
 verified at once, cost a block-8 verify of a small target ~15 ms more than a plain step.
 Here `exp` is a polynomial of vectorizable ops fused by `mx.compile`: 2-3x faster and
-within 1e-7 relative (MLX's own CPU exp: 4e-6). Every entry point falls back to MLX's
-own ops off the CPU (Metal has fused kernels) and where MLX cannot compile CPU kernels.
-Rotary embeddings take one table per forward (`rope_table`) instead of MLX's per-call one.
+within 1e-7 relative (MLX's own CPU exp: 4e-6). Rotary embeddings take one table per
+forward (`rope_table`) instead of MLX's per-call one.
+
+These are CPU kernels only: `kernels.for_device` picks them once, when a target or a
+drafter is built, and only on the CPU where MLX can compile them (`available()`); the
+Metal/CUDA path never reaches this module.
 """
 
 from functools import cache
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 
 _LOG2E = 1.4426950408889634
@@ -22,7 +24,7 @@ _EXP_MIN, _EXP_MAX = -87.3, 88.7  # float32 exp underflows / overflows past thes
 
 
 def _exp(x: mx.array) -> mx.array:
-    """exp(x) = e^r * 2^n with |r| <= ln2/2 and e^r by its degree-7 Taylor polynomial."""
+    """exp(x) = e^r * 2^n with |r| <= ln2/2, e^r by its degree-7 Taylor polynomial."""
     xc = mx.clip(x, _EXP_MIN, _EXP_MAX)
     n = mx.floor(xc * _LOG2E + 0.5)
     r = xc - n * _LN2_HI - n * _LN2_LO
@@ -52,13 +54,9 @@ def _rotate(x: mx.array, cos: mx.array, sin: mx.array) -> mx.array:
     return x * cos + mx.concatenate([x[..., half:], x[..., :half]], axis=-1) * sin
 
 
-def enabled() -> bool:
-    """True when the default device is the CPU and MLX can compile CPU kernels here."""
-    return mx.default_device() == mx.cpu and _can_compile()
-
-
 @cache
-def _can_compile() -> bool:
+def available() -> bool:
+    """True when MLX can compile CPU kernels here (it needs a C++ compiler)."""
     try:
         with mx.stream(mx.cpu):
             mx.eval(_swiglu(mx.zeros((2,)), mx.zeros((2,))))
@@ -69,19 +67,17 @@ def _can_compile() -> bool:
 
 def swiglu(gate: mx.array, up: mx.array) -> mx.array:
     """silu(gate) * up."""
-    if not enabled():
-        return nn.silu(gate) * up
     return _swiglu(gate, up)
 
 
 def rope_table(dims: int, base: float, scale: float, offset: int, length: int):
-    """cos and sign-folded sin, (length, 1, dims), to rotate (B, length, H, dims) inputs at
-    positions offset.. the way `mx.fast.rope(traditional=False)` does, in the same float32
-    steps. MLX's CPU rope rebuilds these in every call (~75 us, 60 calls per forward of a
-    30-layer model); one table serves every layer of a forward."""
+    """cos and sign-folded sin, (length, 1, dims), to rotate (B, length, H, dims)
+    inputs at positions offset.. the way `mx.fast.rope(traditional=False)` does, in the
+    same float32 steps. MLX's CPU rope rebuilds these in every call (~75 us, 60 calls
+    per forward of a 30-layer model); one table serves every layer of a forward."""
     half = dims // 2
     log_step = np.float32(np.log(np.float32(base))) / np.float32(half)
-    inv_freq = mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * mx.array(log_step))
+    inv_freq = mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * mx.array(float(log_step)))
     positions = (mx.arange(length, dtype=mx.float32) + offset) * mx.array(
         scale, mx.float32
     )
@@ -101,8 +97,6 @@ def rope(x: mx.array, table) -> mx.array:
 def softmax(x: mx.array, axis: int = -1) -> mx.array:
     """Softmax along `axis`, computed and returned in float32."""
     x = x.astype(mx.float32)
-    if not enabled():
-        return mx.softmax(x, axis=axis)
     e = _scaled_exp(x, x.max(axis=axis, keepdims=True), mx.array(1.0))
     return e / e.sum(axis=axis, keepdims=True)
 
@@ -119,14 +113,14 @@ def attention(
     own_mask = mask is None or (
         isinstance(mask, mx.array) and mask.ndim == 2 and mask.dtype == mx.bool_
     )
-    if not enabled() or not 4 <= q.shape[2] <= MAX_QUERY_ROWS or not own_mask:
-        # Up to 3 query rows MLX's own kernel is as cheap (measured); prefill chunks keep
-        # it too, as ours holds several score-sized arrays at once.
+    if not 4 <= q.shape[2] <= MAX_QUERY_ROWS or not own_mask:
+        # Up to 3 query rows MLX's own kernel is as cheap (measured); prefill chunks
+        # keep it too, as ours holds several score-sized arrays at once.
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
     B, H, T, D = q.shape
     Hkv, S = k.shape[1], k.shape[2]
     groups = H // Hkv
-    # Query heads h*groups..(h+1)*groups-1 share key/value head h: one matmul per kv head.
+    # Query heads h*groups..(h+1)*groups-1 share kv head h: one matmul per kv head.
     scores = (q.reshape(B, Hkv, groups * T, D) @ k.swapaxes(-1, -2)).astype(mx.float32)
     if mask is not None:
         scores = mx.where(mask, scores.reshape(B, Hkv, groups, T, S), -mx.inf)

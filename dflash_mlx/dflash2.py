@@ -84,7 +84,7 @@ class CandidateSelector(nn.Module):
             args.hidden_size, args.selector_rank, bias=False
         )
 
-    def __call__(self, hidden, logits, anchor, temperature: float):
+    def __call__(self, hidden, logits, anchor, temperature: float, key=None):
         """Walk the block left to right: (picks (L,), candidates (L, k), q (L, k) or None).
 
         hidden/logits are (L, ·) for the drafted positions; `anchor` is the token before them.
@@ -95,12 +95,15 @@ class CandidateSelector(nn.Module):
         successors = self.successor_codebook(candidates)  # (L, k, rank)
         previous = anchor
         picks, q_rows = [], []
+        keys = [None] * hidden.shape[0]
+        if temperature > 0 and key is not None:
+            keys = list(mx.random.split(key, hidden.shape[0]))
         for t in range(hidden.shape[0]):
             pair = (self.predecessor_codebook(previous) * hidden[t]) @ successors[t].T
             scores = unary[t] + pair
             if temperature > 0:
                 q = mx.softmax(scores.astype(mx.float32) / temperature, axis=-1)
-                choice = categorical(q)
+                choice = categorical(q, keys[t])
                 q_rows.append(q)
             else:
                 choice = mx.argmax(scores, axis=-1)
@@ -119,9 +122,9 @@ class Model(v1.Model):
         super().__init__(args)
         self.candidate_selector = CandidateSelector(args)
 
-    def propose(self, hidden, logits, anchor, params):
+    def propose(self, hidden, logits, anchor, params, key=None):
         picks, candidates, q = self.candidate_selector(
-            hidden, logits, anchor, params.temperature
+            hidden, logits, anchor, params.temperature, key
         )
         if q is None:
             return picks, None

@@ -14,7 +14,7 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
-from . import cpu_ops
+from .kernels import MLX, Kernels
 from .verify import categorical
 
 ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel")
@@ -173,6 +173,8 @@ class WindowedKVCache:
 
 
 class MLP(nn.Module):
+    kernels: Kernels = MLX  # Model.use_kernels picks the device's once
+
     def __init__(self, dim: int, hidden_dim: int):
         super().__init__()
         self.gate_proj = nn.Linear(dim, hidden_dim, bias=False)
@@ -181,13 +183,15 @@ class MLP(nn.Module):
 
     def __call__(self, x):
         gate, up = self.gate_proj(x), self.up_proj(x)
-        # cpu_ops has no gradients: training uses MLX's own ops
-        act = nn.silu(gate) * up if self.training else cpu_ops.swiglu(gate, up)
+        # fused CPU kernels have no gradients: training uses MLX's own ops
+        act = (MLX if self.training else self.kernels).swiglu(gate, up)
         return self.down_proj(act)
 
 
 class Attention(nn.Module):
     """KV-injection attention: block queries see the context cache and the block."""
+
+    kernels: Kernels = MLX
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -224,12 +228,8 @@ class Attention(nn.Module):
         q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, -1))
         q = self.rope(q.transpose(0, 2, 1, 3), offset=offset)
         keys, values = cache.update_and_fetch(*self._keys_values(x, offset))
-        if self.training:  # cpu_ops has no gradients
-            out = mx.fast.scaled_dot_product_attention(
-                q, keys, values, scale=self.scale, mask=mask
-            )
-        else:
-            out = cpu_ops.attention(q, keys, values, self.scale, mask)
+        kernels = MLX if self.training else self.kernels  # no gradients for fused ones
+        out = kernels.attention(q, keys, values, self.scale, mask)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
@@ -281,6 +281,15 @@ class Model(nn.Module):
             self.draft_vocab = mx.arange(args.draft_vocab_size, dtype=mx.int32)
             self.freeze(recurse=False, keys=["draft_vocab"])
 
+    kernels: Kernels = MLX
+
+    def use_kernels(self, kernels: Kernels):
+        """Run inference through `kernels` (see kernels.for_device); training uses MLX's."""
+        self.kernels = kernels
+        for module in self.modules():
+            if isinstance(module, (MLP, Attention)):
+                module.kernels = kernels
+
     @property
     def dtype(self):
         """Activation dtype: that of the (never quantized) norm weights."""
@@ -327,15 +336,16 @@ class Model(nn.Module):
             c.trim(L)
         return self.norm(h)
 
-    def propose(self, hidden, logits, anchor, params):
+    def propose(self, hidden, logits, anchor, params, key=None):
         """Block tokens from drafted-position logits (L, V): (tokens, q or None when greedy).
 
-        `hidden` and `anchor` (the token before the block) are unused by v1 drafters.
+        `hidden` and `anchor` (the token before the block) are unused by v1 drafters;
+        `key` is the PRNG key to draw with (None: MLX's global generator).
         """
         if params.greedy:
             return mx.argmax(logits, axis=-1), None
         q = params.probs(logits)
-        return categorical(q), q
+        return categorical(q, key), q
 
     def finalize_logits(self, logits: mx.array) -> mx.array:
         """Apply the drafter's output multiplier and soft-capping to head logits."""

@@ -14,12 +14,20 @@ from typing import Union
 
 import mlx.core as mx
 
-from . import cpu_ops
 from .adaptive import AdaptiveBlockSize, FixedBlockSize
 from .cache import PromptCache
 from .draft_head import DraftHead
 from .target import Target
-from .verify import SamplingParams, accept_greedy, accept_sampled
+from .verify import (
+    KeyStream,
+    SamplingParams,
+    accept_greedy,
+    accept_sampled,
+    token_logprobs,
+)
+
+# One committed token's log-probability under the target, and its top (id, logprob)s.
+TokenLogprobs = tuple[float, list[tuple[int, float]]]
 
 
 @dataclass
@@ -31,6 +39,7 @@ class Block:
     block_size: int  # tokens the target verified in this step
     finished: bool = False  # ended on a stop token
     reused: int = 0  # prompt tokens served from the cache (first block only)
+    logprobs: list[TokenLogprobs] | None = None  # one per token, when asked for
 
 
 def _as_target(model, draft) -> Target:
@@ -65,6 +74,7 @@ def _draft(
     cache: PromptCache,
     block: mx.array,
     params: SamplingParams,
+    key: mx.array | None,
 ):
     """One drafter forward over [last, MASK...]: proposals (B-1,), their q (or None when
     greedy), and the drafter's confidence per position (lazy).
@@ -77,8 +87,8 @@ def _draft(
         h = h * draft.args.input_embedding_scale
     h = draft(h, cache.draft)[0, 1:]
     logits = draft.finalize_logits(head(h.astype(target.dtype)))
-    tokens, q = draft.propose(h, logits, block[0, 0], params)
-    probs = q if q is not None else cpu_ops.softmax(logits)
+    tokens, q = draft.propose(h, logits, block[0, 0], params, key)
+    probs = q if q is not None else draft.kernels.softmax(logits)
     confidence = probs.max(axis=-1)
     return (*head.to_target(tokens, q), confidence)
 
@@ -103,14 +113,18 @@ class _Step:
         params: SamplingParams,
         mask_id: int,
         cut: Callable[[list], int] | None = None,
+        keys: KeyStream | None = None,
+        top_logprobs: int = 0,
     ):
         self.drafted = size
+        greedy = params.greedy
         self.tape = [] if target.recurrent else None
         block = mx.array([[last] + [mask_id] * (size - 1)])
         drafts = draft_probs = None
         if size > 1:
+            key = None if greedy or keys is None else keys.take()
             drafts, draft_probs, confidence = _draft(
-                target, draft, head, cache, block, params
+                target, draft, head, cache, block, params, key
             )
             if cut is not None:
                 mx.eval(drafts, confidence, draft_probs)
@@ -127,21 +141,34 @@ class _Step:
         self.size = verify_ids.shape[1]  # tokens the target verifies
         hidden, self.features = target(verify_ids, cache.target, self.tape)
         logits = target.logits(hidden)[0]
+        key = None if greedy or keys is None else keys.take()
         if drafts is None:
-            n_accepted, emitted = mx.array(0), params.sample(logits)
-        elif params.greedy:
+            n_accepted, emitted = mx.array(0), params.sample(logits, key)
+        elif greedy:
             n_accepted, emitted = accept_greedy(drafts, logits)
         else:
             n_accepted, emitted = accept_sampled(
-                drafts, draft_probs, params.probs(logits)
+                drafts, draft_probs, params.probs(logits), key
             )
         self.result = mx.concatenate([n_accepted[None].astype(emitted.dtype), emitted])
-        mx.async_eval(self.result)
+        self.logprobs = None
+        if top_logprobs > 0:
+            self.logprobs = token_logprobs(logits, emitted, top_logprobs)
+        mx.async_eval(self.result, *(self.logprobs or ()))
 
-    def resolve(self) -> tuple[int, list[int]]:
-        """Sync: (drafts accepted, committed tokens)."""
+    def resolve(self) -> tuple[int, list[int], list[TokenLogprobs] | None]:
+        """Sync: (drafts accepted, committed tokens, their log-probabilities or None)."""
         values = self.result.tolist()
-        return values[0], values[1 : values[0] + 2]
+        n = values[0] + 1
+        return values[0], values[1 : n + 1], _logprob_rows(self.logprobs, n)
+
+
+def _logprob_rows(arrays, n: int) -> list[TokenLogprobs] | None:
+    """The first `n` rows of `token_logprobs`' arrays as Python values."""
+    if arrays is None:
+        return None
+    chosen, ids, values = (a[:n].tolist() for a in arrays)
+    return [(c, list(zip(i, v))) for c, i, v in zip(chosen, ids, values)]
 
 
 def generate_blocks(
@@ -155,12 +182,53 @@ def generate_blocks(
     stop_tokens: frozenset = frozenset(),
     prefill_step_size: int = 2048,
     stream: mx.Stream | None = None,
+    *,
+    seed: int | None = None,
+    logprobs: int = 0,
 ) -> Iterator[Block]:
     """Yield committed blocks of token ids; the first block is the prefill's token.
 
     `block_size` is a size or a policy with `next(limit)`/`observe(size, accepted, seconds)`.
-    `cache` is updated in place and stays consistent when the caller stops early.
+    `cache` is updated in place and stays consistent when the caller stops early; it
+    belongs to this generation until it ends (another live one on it is refused).
+    With a `seed`, sampling draws from this generation's own keys only. With `logprobs`
+    k >= 1, each block carries the target's log-probabilities of its tokens and top k.
     """
+    owner = object()
+    cache.claim(owner)
+    try:
+        yield from _blocks(
+            target,
+            draft,
+            prompt,
+            cache,
+            params,
+            block_size,
+            max_tokens,
+            stop_tokens,
+            prefill_step_size,
+            stream,
+            KeyStream(seed),
+            logprobs,
+        )
+    finally:
+        cache.release(owner)
+
+
+def _blocks(
+    target: Target,
+    draft,
+    prompt: Sequence[int],
+    cache: PromptCache,
+    params: SamplingParams,
+    block_size,
+    max_tokens: int,
+    stop_tokens: frozenset,
+    prefill_step_size: int,
+    stream: mx.Stream | None,
+    keys: KeyStream,
+    top_logprobs: int,
+) -> Iterator[Block]:
     policy = FixedBlockSize(1) if draft is None else block_size
     if isinstance(policy, int):
         policy = FixedBlockSize(policy)
@@ -172,10 +240,16 @@ def generate_blocks(
     keep = cache.reuse(target, prompt)
     with mx.stream(stream):
         logits = _prefill(target, draft, cache, list(prompt[keep:]), prefill_step_size)
-        first = params.sample(logits).item()
+        first = params.sample(logits, None if params.greedy else keys.take())
+        rows = None
+        if top_logprobs > 0:
+            rows = _logprob_rows(
+                token_logprobs(logits[None], first[None], top_logprobs), 1
+            )
+        first = first.item()
     n, last = 1, first
     done = first in stop_tokens or n >= budget
-    pending = Block([first], 0, 1, first in stop_tokens, reused=keep)
+    pending = Block([first], 0, 1, first in stop_tokens, reused=keep, logprobs=rows)
     step = None
     clock = time.perf_counter()
     try:
@@ -193,24 +267,31 @@ def generate_blocks(
                         params,
                         mask_id,
                         cut_drafts,
+                        keys,
+                        top_logprobs,
                     )
+            handed_out = time.perf_counter()
             yield pending
+            # the policy times this generation's own work: not the time the consumer
+            # held the block (other generations may run on this thread meanwhile)
+            away = time.perf_counter() - handed_out
             if step is None:
                 return
-            n_accepted, tokens = step.resolve()
+            n_accepted, tokens, rows = step.resolve()
             now = time.perf_counter()
             policy.observe(
                 step.drafted,
                 n_accepted,
-                now - clock,
+                now - clock - away,
                 verified=step.size,
-                verify_seconds=now - max(step.verify_start, clock),
+                verify_seconds=now - max(step.verify_start, clock) - away,
             )
             clock = now
             cut = next(
                 (i + 1 for i, t in enumerate(tokens) if t in stop_tokens), len(tokens)
             )
             tokens = tokens[: int(min(cut, budget - n))]
+            rows = rows[: len(tokens)] if rows is not None else None
             with mx.stream(stream):
                 if draft is not None:
                     draft.absorb(step.features[:, : len(tokens)], cache.draft)
@@ -220,7 +301,9 @@ def generate_blocks(
             last, n = tokens[-1], n + len(tokens)
             finished = tokens[-1] in stop_tokens
             done = finished or n >= budget
-            pending = Block(tokens, min(n_accepted, len(tokens)), step.size, finished)
+            pending = Block(
+                tokens, min(n_accepted, len(tokens)), step.size, finished, logprobs=rows
+            )
             step = None
     finally:
         if step is not None:  # stopped with a block in flight: undo it entirely
@@ -234,7 +317,9 @@ class GenerationResponse:
 
     text: str
     tokens: list[int]
-    accepted: int | None  # tokens this block committed (acceptance length), None for the first
+    accepted: (
+        int | None
+    )  # tokens this block committed (acceptance length), None for the first
     prompt_tokens: int
     prompt_tps: float
     generation_tokens: int
@@ -244,6 +329,9 @@ class GenerationResponse:
     from_draft: int = 0  # leading tokens of `tokens` that were drafted
     block_size: int = 1  # tokens the target verified for this block
     reused_tokens: int = 0  # prompt tokens served from the prompt cache
+    logprobs: list[TokenLogprobs] | None = (
+        None  # per token, with stream_generate(logprobs=k)
+    )
 
     @property
     def token(self) -> int | None:
@@ -301,6 +389,8 @@ def stream_generate(
     *,
     min_p: float = 0.0,
     prompt_cache: PromptCache | None = None,
+    seed: int | None = None,
+    logprobs: int = 0,
 ) -> Iterator[GenerationResponse]:
     """Generate from `prompt`, yielding one response per verified block.
 
@@ -308,6 +398,9 @@ def stream_generate(
     with the most tokens per second on this machine (1 = plain decoding when drafting does
     not pay). `draft=None` or `block_size=1` decodes without speculation. Pass a `PromptCache`
     (from `make_prompt_cache`) to reuse the caches of earlier calls (multi-turn chat).
+    `seed`: sample from this generation's own random keys (same seed, same output).
+    `logprobs` k >= 1: each response carries, per token, the target's log-probability of
+    it and its k most likely tokens.
     """
     from mlx_lm.generate import generation_stream, wired_limit
 
@@ -346,6 +439,8 @@ def stream_generate(
             stop,
             prefill_step_size,
             generation_stream,
+            seed=seed,
+            logprobs=logprobs,
         )
         try:
             yield from _responses(blocks, ids, max_tokens, detokenizer, tic)
@@ -380,6 +475,7 @@ def _responses(blocks, ids, max_tokens, detokenizer, tic):
             from_draft=block.from_draft,
             block_size=block.block_size,
             reused_tokens=reused,
+            logprobs=block.logprobs,
         )
 
 

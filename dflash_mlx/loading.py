@@ -9,6 +9,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from . import draft as draft_module
+from .kernels import for_device
 from .target import SUPPORTED_MODEL_TYPES, Target
 
 TARGET_FILES = [
@@ -253,6 +254,7 @@ def load_draft(
             ),
         )
     model.eval()
+    model.use_kernels(for_device())
     mx.eval(model.parameters())
     model.name_or_path = str(path_or_repo)
     model.context_window = sliding_window_size

@@ -2,24 +2,29 @@
 
 import re
 
-# Target base name (lower case, no owner, no quantization suffix) -> drafter repo.
+# Target base name (lower case, no owner, no quantization suffix) ->
+# (drafter repo, the target's mlx-lm model_type).
 DRAFTERS = {
-    "qwen3-4b": "z-lab/Qwen3-4B-DFlash-b16",
-    "qwen3-8b": "z-lab/Qwen3-8B-DFlash-b16",
-    "qwen3-coder-30b-a3b-instruct": "z-lab/Qwen3-Coder-30B-A3B-DFlash",
-    "qwen3-coder-next": "z-lab/Qwen3-Coder-Next-DFlash",
-    "qwen3.5-4b": "z-lab/Qwen3.5-4B-DFlash",
-    "qwen3.5-9b": "z-lab/Qwen3.5-9B-DFlash",
-    "qwen3.5-27b": "z-lab/Qwen3.5-27B-DFlash",
-    "qwen3.5-35b-a3b": "z-lab/Qwen3.5-35B-A3B-DFlash",
-    "qwen3.5-122b-a10b": "z-lab/Qwen3.5-122B-A10B-DFlash",
-    "qwen3.6-27b": "z-lab/Qwen3.6-27B-DFlash",
-    "qwen3.6-35b-a3b": "z-lab/Qwen3.6-35B-A3B-DFlash",
-    "gpt-oss-20b": "z-lab/gpt-oss-20b-DFlash",
-    "gpt-oss-120b": "z-lab/gpt-oss-120b-DFlash",
-    "llama-3.1-8b-instruct": "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
-    "meta-llama-3.1-8b-instruct": "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
-    "kimi-k2.5": "z-lab/Kimi-K2.5-DFlash",
+    "qwen3-4b": ("z-lab/Qwen3-4B-DFlash-b16", "qwen3"),
+    "qwen3-8b": ("z-lab/Qwen3-8B-DFlash-b16", "qwen3"),
+    "qwen3-coder-30b-a3b-instruct": ("z-lab/Qwen3-Coder-30B-A3B-DFlash", "qwen3_moe"),
+    "qwen3-coder-next": ("z-lab/Qwen3-Coder-Next-DFlash", "qwen3_next"),
+    "qwen3.5-4b": ("z-lab/Qwen3.5-4B-DFlash", "qwen3_5"),
+    "qwen3.5-9b": ("z-lab/Qwen3.5-9B-DFlash", "qwen3_5"),
+    "qwen3.5-27b": ("z-lab/Qwen3.5-27B-DFlash", "qwen3_5"),
+    "qwen3.5-35b-a3b": ("z-lab/Qwen3.5-35B-A3B-DFlash", "qwen3_5_moe"),
+    "qwen3.5-122b-a10b": ("z-lab/Qwen3.5-122B-A10B-DFlash", "qwen3_5_moe"),
+    "qwen3.6-27b": ("z-lab/Qwen3.6-27B-DFlash", "qwen3_5"),
+    "qwen3.6-35b-a3b": ("z-lab/Qwen3.6-35B-A3B-DFlash", "qwen3_5_moe"),
+    "gpt-oss-20b": ("z-lab/gpt-oss-20b-DFlash", "gpt_oss"),
+    "gpt-oss-120b": ("z-lab/gpt-oss-120b-DFlash", "gpt_oss"),
+    "llama-3.1-8b-instruct": ("z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat", "llama"),
+    "meta-llama-3.1-8b-instruct": (
+        "z-lab/LLaMA3.1-8B-Instruct-DFlash-UltraChat",
+        "llama",
+    ),
+    "kimi-k2.5": ("z-lab/Kimi-K2.5-DFlash", "kimi_k25"),
+    "minimax-m2.5": ("z-lab/MiniMax-M2.5-DFlash", "minimax"),
 }
 
 # Suffixes that mlx-community and others append to quantized or converted copies.
@@ -38,4 +43,5 @@ def base_name(target: str) -> str:
 
 def drafter_for(target: str) -> str | None:
     """The z-lab drafter for a target Hub id or folder name, or None when unknown."""
-    return DRAFTERS.get(base_name(target))
+    entry = DRAFTERS.get(base_name(target))
+    return entry[0] if entry else None

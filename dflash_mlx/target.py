@@ -1,25 +1,37 @@
-"""The target side: one forward that yields logits AND the fused layer features the
-drafter needs, plus exact rollback of the target cache after a partly rejected block.
+"""The target side: one forward that yields the final hidden states AND the fused layer
+features the drafter needs, plus exact rollback of the target cache after a partly
+rejected block.
 
-We run the decoder layers ourselves (same calls, same order as mlx-lm's model code)
-instead of patching library classes. Attention layers are called as-is, except that on
-the CPU llama/qwen2/qwen3 blocks are mirrored here with `cpu_ops`' kernels; GatedDeltaNet
-(linear attention) mixers are evaluated here so their recurrence inputs can be kept
-and replayed over the accepted prefix, which restores the recurrent and conv states
-exactly without a second target forward.
+The forward is mlx-lm's own: the model's inner `__call__` (embedding, mask helpers,
+layer loop, KV sharing, pipeline hand-offs, final norm) runs on a *view* of the model, a
+shallow copy whose `layers` list holds stand-ins that call the real layers and keep the
+outputs the drafter reads. GatedDeltaNet mixers (Qwen3.5/3.6, Qwen3-Next) get a stand-in
+too: during a verify it keeps the mixer's input projections, and a rollback re-runs the
+mixer's own code on the accepted prefix from the pre-block state with those projections
+replayed, which costs only the conv and the recurrence. Nothing of the user's model is
+modified: no class is patched and the model instance is untouched.
+
+mlx-lm internals this relies on (pinned in pyproject.toml, checked on every family by
+tests/test_target.py and tests/test_families.py):
+- `<model>.language_model?.model` holds `embed_tokens`, `layers`, `norm`, and its
+  `__call__(inputs, cache=...)` iterates `self.layers` (or `pipeline_layers`) with one
+  cache per layer and returns the final-normed hidden states;
+- the head: `lm_head` (gathered over `sharding_group` when sharded) or the tied
+  embedding's `as_linear`, then `final_logit_softcapping` where the model has it;
+- GatedDeltaNet mixers compute everything from children named `in_proj*` and keep
+  `[conv state, recurrent state]` in an `ArraysCache`; attention caches are trimmable.
+On the CPU, llama/qwen2/qwen3 blocks run through `cpu_blocks.py` (cheaper kernels).
 """
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+import copy
+from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.base import create_attention_mask, create_ssm_mask
-from mlx_lm.models.cache import KVCache, RotatingKVCache
-from mlx_lm.models.gated_delta import gated_delta_update, normalize_qk
+from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
 
-from . import cpu_ops
+from .kernels import Kernels, for_device
 
 SUPPORTED_MODEL_TYPES = (
     "llama",
@@ -28,25 +40,27 @@ SUPPORTED_MODEL_TYPES = (
     "qwen3_moe",
     "qwen3_5",
     "qwen3_5_moe",
+    "qwen3_next",
     "gemma4",
     "gemma4_text",
     "gpt_oss",
+    "deepseek_v3",
+    "kimi_k25",
+    "minimax",
 )
-_GEMMA4 = ("gemma4", "gemma4_text")
 
 
 def _text_parts(model: nn.Module):
     """(language model with the head, inner model with embed_tokens/layers/norm)."""
     lm = getattr(model, "language_model", model)
     inner = getattr(lm, "model", None)
-    if (
-        inner is None
-        or not hasattr(inner, "layers")
-        or not hasattr(inner, "embed_tokens")
+    if inner is None or not all(
+        hasattr(inner, a) for a in ("layers", "embed_tokens", "norm")
     ):
         raise ValueError(
-            f"Unsupported target {type(model).__module__}: expected an mlx-lm text model "
-            f"with model.embed_tokens/layers/norm. Supported: {', '.join(SUPPORTED_MODEL_TYPES)}."
+            f"Unsupported target {type(model).__module__}: expected an mlx-lm text "
+            "model with model.embed_tokens/layers/norm. Supported: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}."
         )
     return lm, inner
 
@@ -58,152 +72,140 @@ def model_type(model: nn.Module) -> str:
     )
 
 
+def _view(module: nn.Module, **children) -> nn.Module:
+    """A shallow copy of `module` with some children replaced; `module` is untouched."""
+    view = copy.copy(module)
+    for name, child in children.items():
+        view[name] = child
+    return view
+
+
+@dataclass
+class _Recording:
+    """What the forward in progress keeps: the drafter's layer outputs, and (verify
+    passes) a tape of what rolling back the recurrent layers needs."""
+
+    wanted: frozenset = frozenset()
+    outputs: dict = field(default_factory=dict)
+    tape: list | None = None
+
+
+class _LayerTap:
+    """Stands in for decoder layer `index` in a model view; keeps its output."""
+
+    def __init__(self, layer, index: int, recording: _Recording):
+        self.layer, self.index, self.recording = layer, index, recording
+
+    def __getattr__(self, name):  # the model's loop reads layer attributes
+        return getattr(self.__dict__["layer"], name)
+
+    def __call__(self, *args, **kwargs):
+        out = self.layer(*args, **kwargs)
+        if self.index in self.recording.wanted:
+            self.recording.outputs[self.index] = (
+                out[0] if isinstance(out, tuple) else out
+            )
+        return out
+
+
 @dataclass
 class _DeltaRecord:
-    """What one GatedDeltaNet layer needs to replay its recurrence over a prefix."""
+    """A GatedDeltaNet layer's verify pass: enough to redo it over a prefix."""
 
-    conv_input: mx.array  # [conv state before the block; block inputs]
-    state: mx.array | None  # recurrent state before the block
-    q: mx.array
-    k: mx.array
-    v: mx.array
-    a: mx.array
-    b: mx.array
+    tap: "_DeltaTap"
+    inputs: mx.array
     mask: mx.array | None
-    mixer: nn.Module
+    state: tuple  # the ArraysCache state before the block
+    projections: dict = field(default_factory=dict)  # in_proj* name -> output
 
 
-def _gated_delta_mixer(mixer, x, mask, cache, tape: list | None):
-    # Mirrors mlx_lm.models.qwen3_5.GatedDeltaNet.__call__ (single device), keeping the
-    # recurrence inputs when a tape is given.
-    B, S, _ = x.shape
-    qkv = mixer.in_proj_qkv(x)
-    z = mixer.in_proj_z(x).reshape(B, S, mixer.num_v_heads, mixer.head_v_dim)
-    b = mixer.in_proj_b(x)
-    a = mixer.in_proj_a(x)
-    if cache is not None and cache[0] is not None:
-        conv_state = cache[0]
-    else:
-        conv_state = mx.zeros(
-            (B, mixer.conv_kernel_size - 1, mixer.conv_dim), dtype=x.dtype
-        )
-    if mask is not None:
-        qkv = mx.where(mask[..., None], qkv, 0)
-    conv_input = mx.concatenate([conv_state, qkv], axis=1)
-    if cache is not None:
-        cache[0] = mx.contiguous(conv_input[:, -(mixer.conv_kernel_size - 1) :, :])
-    conv_out = nn.silu(mixer.conv1d(conv_input))
-    q, k, v = [
-        t.reshape(B, S, h, d)
-        for t, h, d in zip(
-            mx.split(conv_out, [mixer.key_dim, 2 * mixer.key_dim], -1),
-            [mixer.num_k_heads, mixer.num_k_heads, mixer.num_v_heads],
-            [mixer.head_k_dim, mixer.head_k_dim, mixer.head_v_dim],
-        )
-    ]
-    state = cache[1] if cache else None
-    q, k = normalize_qk(q, k, inv_scale=mixer.head_k_dim**-0.5, eps=1e-6)
-    if tape is not None:
-        tape.append(_DeltaRecord(conv_input, state, q, k, v, a, b, mask, mixer))
-    out, state = gated_delta_update(
-        q,
-        k,
-        v,
-        a,
-        b,
-        mixer.A_log,
-        mixer.dt_bias,
-        state,
-        mask,
-        use_kernel=not mixer.training,
-    )
-    if cache is not None:
-        cache[1] = state
-        cache.advance(S)
-    out = mixer.norm(out, z)
-    return mixer.out_proj(out.reshape(B, S, -1))
+class _Projection:
+    """An `in_proj*` child of a mixer view: records its output, or replays a prefix."""
+
+    def __init__(self, name: str, module, tap: "_DeltaTap"):
+        self.name, self.module, self.tap = name, module, tap
+
+    def __call__(self, x):
+        replay = self.tap.replaying
+        if replay is not None:
+            record, keep = replay
+            return record.projections[self.name][:, :keep]
+        out = self.module(x)
+        if self.tap.record is not None:
+            self.tap.record.projections[self.name] = out
+        return out
 
 
-def _gated_delta_layer(layer, x, mask, cache, tape):
-    h = x + _gated_delta_mixer(
-        layer.linear_attn, layer.input_layernorm(x), mask, cache, tape
-    )
-    return h + layer.mlp(layer.post_attention_layernorm(h))
+class _DeltaTap:
+    """Stands in for a GatedDeltaNet mixer; runs mlx-lm's own mixer code on a view whose
+    input projections are `_Projection`s."""
+
+    def __init__(self, mixer: nn.Module, recording: _Recording):
+        self.recording = recording
+        self.record: _DeltaRecord | None = None
+        self.replaying: tuple | None = None
+        names = [n for n in mixer if n.startswith("in_proj")]
+        self.mixer = _view(mixer, **{n: _Projection(n, mixer[n], self) for n in names})
+
+    def __call__(self, inputs, mask=None, cache=None):
+        tape = self.recording.tape
+        if tape is None or cache is None:
+            return self.mixer(inputs, mask, cache)
+        self.record = _DeltaRecord(self, inputs, mask, _snapshot(cache))
+        tape.append(self.record)
+        try:
+            return self.mixer(inputs, mask, cache)
+        finally:
+            self.record = None
+
+    def replay(self, record: _DeltaRecord, cache, keep: int):
+        """Restore the pre-block state, then advance it over the first `keep` tokens."""
+        cache.state = (list(record.state[0]), *record.state[1:])
+        if keep == 0:
+            return
+        mask = None if record.mask is None else record.mask[:, :keep]
+        self.replaying = (record, keep)
+        try:  # only the cache updates are evaluated: the output projection is skipped
+            self.mixer(record.inputs[:, :keep], mask, cache)
+        finally:
+            self.replaying = None
 
 
-_STANDARD_BLOCKS = ("llama", "qwen2", "qwen3")  # pre-norm attention + SwiGLU MLP blocks
+def _snapshot(cache: ArraysCache) -> tuple:
+    arrays, left_padding, lengths = cache.state
+    return list(arrays), left_padding, lengths
 
 
-def _is_standard_block(layer) -> bool:
-    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
-    return all(
-        hasattr(attn, a) for a in ("q_proj", "k_proj", "v_proj", "o_proj", "rope")
-    ) and all(hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj"))
+def _mixer(layer) -> nn.Module | None:
+    """The layer's GatedDeltaNet mixer, if it is a linear-attention layer."""
+    if layer is None or not getattr(layer, "is_linear", False):
+        return None
+    return getattr(layer, "linear_attn", None)
 
 
-def _shared_rope(layers, standard) -> tuple | None:
-    """(dims, base, scale) when every standard layer rotates its whole heads with the same
-    plain `nn.RoPE`, so one `cpu_ops.rope_table` per forward serves them all; else None."""
-    params = set()
-    for layer, ok in zip(layers, standard):
-        if not ok:
-            continue
-        attn = layer.self_attn
-        rope, head_dim = attn.rope, attn.q_proj.weight.shape[0] // attn.n_heads
-        if not isinstance(rope, nn.RoPE) or rope.traditional or rope.dims != head_dim:
-            return None
-        params.add((rope.dims, rope.base, rope.scale))
-    return params.pop() if len(params) == 1 else None
+def _rollable(cache) -> bool:
+    if isinstance(cache, ArraysCache):
+        return True
+    return cache is None or bool(getattr(cache, "is_trimmable", lambda: False)())
 
 
-def _standard_block(layer, x, mask, cache, rope_table=None):
-    # Mirrors mlx_lm's llama/qwen2/qwen3 TransformerBlock.__call__, with cpu_ops'
-    # attention, SwiGLU and rotary tables, which cost less on the CPU.
-    attn, mlp = layer.self_attn, layer.mlp
-    h = layer.input_layernorm(x)
-    B, L, _ = h.shape
-    q = attn.q_proj(h).reshape(B, L, attn.n_heads, -1)
-    k = attn.k_proj(h).reshape(B, L, attn.n_kv_heads, -1)
-    v = attn.v_proj(h).reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
-    if hasattr(attn, "q_norm"):
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    if rope_table is not None:
-        q = cpu_ops.rope(q, rope_table).transpose(0, 2, 1, 3)
-        k = cpu_ops.rope(k, rope_table).transpose(0, 2, 1, 3)
-    else:
-        q = attn.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
-        k = attn.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
-    k, v = cache.update_and_fetch(k, v)
-    out = cpu_ops.attention(q, k, v, attn.scale, mask)
-    h = x + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
-    y = layer.post_attention_layernorm(h)
-    return h + mlp.down_proj(cpu_ops.swiglu(mlp.gate_proj(y), mlp.up_proj(y)))
-
-
-def _call_layer(layer, x, mask, cache, rope_table=None):
-    return layer(x, mask, cache)
-
-
-def _sliding_windows(inner, layers) -> list:
-    """Per layer: its attention window if it is a sliding-window layer, else None."""
-    window = getattr(inner, "window_size", None) or getattr(
-        inner, "sliding_window", None
-    )
-    types = getattr(inner, "layer_types", None) or []
-    out = []
-    for i, layer in enumerate(layers):
-        sliding = getattr(layer, "use_sliding", None)
-        if sliding is None:
-            kind = getattr(layer, "layer_type", types[i] if i < len(types) else None)
-            sliding = kind == "sliding_attention"
-        out.append(window if sliding else None)
-    return out
+def _stand_in(layer, index: int, recording: _Recording, block=None):
+    """The tap for one layer (`block`: a CPU block standing in for it)."""
+    mixer = _mixer(layer)
+    if mixer is not None:
+        layer = _view(layer, linear_attn=_DeltaTap(mixer, recording))
+    return _LayerTap(block or layer, index, recording)
 
 
 class Target:
     """An mlx-lm model seen as a DFlash target."""
 
-    def __init__(self, model: nn.Module, feature_layer_ids: Sequence[int] = ()):
+    def __init__(
+        self,
+        model: nn.Module,
+        feature_layer_ids=(),
+        kernels: Kernels | None = None,
+    ):
         self.model = model
         self.model_type = model_type(model)
         if self.model_type not in SUPPORTED_MODEL_TYPES:
@@ -218,23 +220,45 @@ class Target:
         if bad:
             raise ValueError(
                 f"Drafter reads target layers {list(self.feature_layer_ids)} but the "
-                f"{self.model_type} target has {len(self.layers)} layers (0..{len(self.layers) - 1}): "
-                "use the drafter trained for this target."
+                f"{self.model_type} target has {len(self.layers)} layers "
+                f"(0..{len(self.layers) - 1}): use the drafter trained for this target."
             )
-        self._linear = [bool(getattr(l, "is_linear", False)) for l in self.layers]
-        self.recurrent = any(self._linear)  # rollback needs a tape of the verify pass
-        self._windows = _sliding_windows(self.inner, self.layers)
-        # On the CPU, standard blocks run through cpu_ops (same math, cheaper exp and rope).
-        self._standard = [
-            cpu_ops.enabled()
-            and self.model_type in _STANDARD_BLOCKS
-            and _is_standard_block(l)
-            for l in self.layers
-        ]
-        self._rope = _shared_rope(self.layers, self._standard)
+        self.kernels = kernels or for_device()
+        self._recording = _Recording(frozenset(self.feature_layer_ids))
+        self._view = self._make_view()
+        self._check_rollback()
         self.embed_tokens = self.inner.embed_tokens
         self.embed_scale = getattr(self.inner, "embed_scale", 1.0)
         self.softcap = getattr(self.lm, "final_logit_softcapping", None)
+
+    def _make_view(self) -> nn.Module:
+        from .cpu_blocks import cpu_blocks
+
+        blocks = None
+        if self.kernels.cpu_blocks:
+            blocks = cpu_blocks(self.model_type, [la for la in self.layers if la])
+        self.cpu_blocks = blocks is not None  # standard blocks on cpu_ops' kernels
+        pending = iter(blocks or ())
+        taps = [
+            layer and _stand_in(layer, i, self._recording, next(pending, None))
+            for i, layer in enumerate(self.layers)
+        ]
+        return _view(self.inner, layers=taps)
+
+    def _check_rollback(self):
+        """Every cache must be trimmable or a GatedDeltaNet state we can replay."""
+        deltas = sum(1 for la in self.layers if _mixer(la) is not None)
+        caches = self.make_cache()
+        states = sum(isinstance(c, ArraysCache) for c in caches)
+        stuck = [type(c).__name__ for c in caches if not _rollable(c)]
+        if stuck or states != deltas:
+            kinds = ", ".join(sorted(set(stuck))) or "recurrent layers of a new kind"
+            raise ValueError(
+                f"The {self.model_type} target keeps state DFlash cannot roll back "
+                f"({kinds}): speculative decoding needs a trimmable cache; decode it "
+                "with mlx-lm."
+            )
+        self.recurrent = deltas > 0
 
     @property
     def num_layers(self) -> int:
@@ -253,7 +277,8 @@ class Target:
         return self.inner.norm.weight.dtype
 
     def make_cache(self) -> list[Any]:
-        """Per-layer caches that can all be rolled back (rotating caches become plain KV)."""
+        """Per-layer caches that can all be rolled back (rotating caches become plain
+        KV caches: the model's own masks keep the window)."""
         make = getattr(self.model, "make_cache", None)
         cache = make() if make else [KVCache() for _ in self.layers]
         return [KVCache() if isinstance(c, RotatingKVCache) else c for c in cache]
@@ -265,9 +290,14 @@ class Target:
     def logits(self, hidden: mx.array) -> mx.array:
         """The target's LM head on final-normed hidden states."""
         head = getattr(self.lm, "lm_head", None)
-        logits = (
-            head(hidden) if head is not None else self.embed_tokens.as_linear(hidden)
-        )
+        if head is None:
+            return self.softcapped(self.embed_tokens.as_linear(hidden))
+        logits = head(hidden)
+        group = getattr(self.lm, "sharding_group", None)
+        if group is not None:  # a sharded head holds a slice of the vocabulary
+            from mlx_lm.models.base import gather_last_axis
+
+            logits = gather_last_axis(logits, group)
         return self.softcapped(logits)
 
     def softcapped(self, logits: mx.array) -> mx.array:
@@ -277,76 +307,18 @@ class Target:
         return logits
 
     def __call__(self, tokens: mx.array, cache: list[Any], tape: list | None = None):
-        """Run the layers on `tokens` (1, L): (final-normed hidden, fused features or None).
+        """Run the model on `tokens` (1, L): (final-normed hidden, fused features).
 
-        With a `tape`, GatedDeltaNet layers append what `rollback` needs to it.
+        With a `tape`, recurrent layers append what `rollback` needs to it.
         """
-        if self.model_type in _GEMMA4:
-            return self._gemma4(tokens, cache)
-        h = self.embed(tokens)
-        masks: dict = {}
-        rope_table = None
-        if self._rope is not None:
-            offset = cache[self._standard.index(True)].offset
-            rope_table = cpu_ops.rope_table(*self._rope, offset, tokens.shape[1])
-        wanted = set(self.feature_layer_ids)
-        outputs = {}
-        for i, (layer, c) in enumerate(zip(self.layers, cache)):
-            if self._linear[i]:
-                if "ssm" not in masks:
-                    masks["ssm"] = create_ssm_mask(h, c)
-                h = _gated_delta_layer(layer, h, masks["ssm"], c, tape)
-            else:
-                key = self._windows[i]
-                if key not in masks:
-                    # cpu_ops takes boolean masks, built once here for every layer;
-                    # prefill chunks keep mlx-lm's "causal" (MLX's kernel builds its own)
-                    as_array = (
-                        self._standard[i] and 1 < h.shape[1] <= cpu_ops.MAX_QUERY_ROWS
-                    )
-                    masks[key] = create_attention_mask(
-                        h, c, window_size=key, return_array=as_array
-                    )
-                block = _standard_block if self._standard[i] else _call_layer
-                h = block(layer, h, masks[key], c, rope_table)
-            if i in wanted:
-                outputs[i] = h
-        return self.inner.norm(h), self._fuse(outputs)
-
-    def _fuse(self, outputs: dict):
-        features = [outputs[i] for i in self.feature_layer_ids]
-        return mx.concatenate(features, axis=-1) if features else None
-
-    def _gemma4(self, tokens, cache):
-        # Mirrors mlx_lm.models.gemma4_text.Gemma4TextModel.__call__: per-layer inputs and
-        # KV sharing (later layers reuse an earlier layer's keys/values from this forward).
-        inner, n = self.inner, len(self.layers)
-        embeddings = self.embed_tokens(tokens)
-        h = embeddings * inner.embed_scale
-        per_layer = [None] * n
-        if inner.hidden_size_per_layer_input:
-            inputs = inner._project_per_layer_inputs(
-                h, inner._get_per_layer_inputs(tokens, embeddings)
-            )
-            per_layer = [inputs[:, :, i, :] for i in range(n)]
-        cache = list(cache) + [None] * (n - len(cache))
-        masks = inner._make_masks(h, cache)
-        shared = [(None, None)] * n
-        wanted, outputs = set(self.feature_layer_ids), {}
-        for i, (layer, c) in enumerate(zip(self.layers, cache)):
-            kvs, offset = shared[inner.previous_kvs[i]]
-            h, kvs, offset = layer(
-                h,
-                masks[i],
-                c,
-                per_layer_input=per_layer[i],
-                shared_kv=kvs,
-                offset=offset,
-            )
-            shared[i] = (kvs, offset)
-            if i in wanted:
-                outputs[i] = h
-        return inner.norm(h), self._fuse(outputs)
+        recording = self._recording
+        recording.outputs, recording.tape = {}, tape
+        try:
+            hidden = self._view(tokens, cache=cache)
+            features = [recording.outputs[i] for i in self.feature_layer_ids]
+        finally:
+            recording.outputs, recording.tape = {}, None
+        return hidden, mx.concatenate(features, axis=-1) if features else None
 
     def rollback(self, cache: list[Any], tape: list, processed: int, keep: int):
         """Undo the last forward of `processed` tokens except its first `keep`."""
@@ -354,28 +326,9 @@ class Target:
         if drop <= 0:
             return
         records = iter(tape)
-        for linear, c in zip(self._linear, cache):
-            if not linear:
+        for c in cache:
+            if isinstance(c, ArraysCache):
+                record = next(records)
+                record.tap.replay(record, c, keep)
+            elif c is not None:
                 c.trim(drop)
-                continue
-            r = next(records)
-            if keep == 0:
-                state = r.state
-            else:
-                m = r.mixer
-                mask = None if r.mask is None else r.mask[:, :keep]
-                _, state = gated_delta_update(
-                    r.q[:, :keep],
-                    r.k[:, :keep],
-                    r.v[:, :keep],
-                    r.a[:, :keep],
-                    r.b[:, :keep],
-                    m.A_log,
-                    m.dt_bias,
-                    r.state,
-                    mask,
-                    use_kernel=not m.training,
-                )
-            n_conv = r.conv_input.shape[1] - processed
-            c[0] = mx.contiguous(r.conv_input[:, keep : keep + n_conv])
-            c[1] = state

@@ -55,15 +55,16 @@ class SamplingParams:
             probs = mx.where(keep, probs, 0)
         return probs / mx.sum(probs, axis=-1, keepdims=True)
 
-    def sample(self, logits: mx.array) -> mx.array:
+    def sample(self, logits: mx.array, key: mx.array | None = None) -> mx.array:
         """One token per row of `logits` (argmax when greedy)."""
         if self.greedy:
             return mx.argmax(logits, axis=-1)
-        return categorical(self.probs(logits))
+        return categorical(self.probs(logits), key)
 
 
-def categorical(probs: mx.array) -> mx.array:
-    return mx.random.categorical(mx.log(probs))
+def categorical(probs: mx.array, key: mx.array | None = None) -> mx.array:
+    """A draw per row of `probs`; from `key` when given, else MLX's global generator."""
+    return mx.random.categorical(mx.log(probs), key=key)
 
 
 def _emit(drafts: mx.array, n_accepted: mx.array, last: mx.array) -> mx.array:
@@ -82,17 +83,24 @@ def accept_greedy(drafts: mx.array, target_logits: mx.array):
     return n_accepted, _emit(drafts, n_accepted, choice[n_accepted])
 
 
-def accept_sampled(drafts: mx.array, draft_probs: mx.array, target_probs: mx.array):
+def accept_sampled(
+    drafts: mx.array,
+    draft_probs: mx.array,
+    target_probs: mx.array,
+    key: mx.array | None = None,
+):
     """Lossless speculative sampling (Leviathan et al.) for a parallel-drafted block.
 
     drafts (n,) were sampled from draft_probs (n, V); target_probs is (n+1, V). Accept d_i
     with probability min(1, p_i(d_i)/q_i(d_i)); at the first rejection draw from
     normalize(max(0, p_i - q_i)); if all are accepted draw a bonus token from p_n.
+    With `key`, every draw comes from it (else from MLX's global generator).
     """
     n = drafts.shape[0]
     p = mx.take_along_axis(target_probs[:n], drafts[:, None], axis=-1)[:, 0]
     q = mx.take_along_axis(draft_probs, drafts[:, None], axis=-1)[:, 0]
-    u = mx.random.uniform(shape=(n,))
+    u_key, pick_key = mx.random.split(key) if key is not None else (None, None)
+    u = mx.random.uniform(shape=(n,), key=u_key)
     n_accepted = mx.sum(mx.cumprod((u * q < p).astype(mx.int32)))
     q_padded = mx.concatenate([draft_probs, mx.zeros_like(target_probs[:1])], axis=0)
     p_row, q_row = target_probs[n_accepted], q_padded[n_accepted]
@@ -100,4 +108,32 @@ def accept_sampled(drafts: mx.array, draft_probs: mx.array, target_probs: mx.arr
     mass = mx.sum(residual)
     # mass can only vanish through rounding when p == q; then p itself is the answer
     residual = mx.where(mass > 1e-12, residual / mx.maximum(mass, 1e-30), p_row)
-    return n_accepted, _emit(drafts, n_accepted, categorical(residual))
+    return n_accepted, _emit(drafts, n_accepted, categorical(residual, pick_key))
+
+
+class KeyStream:
+    """A generation's own PRNG keys: with a seed, its draws depend on nothing else (not
+    on MLX's global generator, nor on other generations interleaved with it)."""
+
+    def __init__(self, seed: int | None):
+        self._key = None if seed is None else mx.random.key(seed)
+
+    def take(self) -> mx.array | None:
+        """A fresh key (None without a seed: draw from MLX's global generator)."""
+        if self._key is None:
+            return None
+        self._key, key = mx.random.split(self._key)
+        return key
+
+
+def token_logprobs(logits: mx.array, tokens: mx.array, top: int):
+    """The target's log-probabilities (T, V) of `tokens` (T,) and its `top` (T, k) ids and
+    log-probabilities, best first: the raw distribution, before any sampling transform."""
+    logprobs = logits.astype(mx.float32)
+    logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
+    chosen = mx.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]
+    ids = mx.argpartition(-logprobs, top - 1, axis=-1)[:, :top]
+    values = mx.take_along_axis(logprobs, ids, axis=-1)
+    order = mx.argsort(-values, axis=-1)
+    ids = mx.take_along_axis(ids, order, axis=-1)
+    return chosen, ids, mx.take_along_axis(values, order, axis=-1)

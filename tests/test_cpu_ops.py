@@ -6,11 +6,12 @@ import numpy as np
 import pytest
 import tiny
 
-from dflash_mlx import Target, cpu_ops, load
+from dflash_mlx import Target, cpu_ops, kernels, load
 
 pytestmark = pytest.mark.skipif(
-    not cpu_ops.enabled(), reason="cpu_ops is the CPU-only path"
+    not cpu_ops.available(), reason="MLX cannot compile CPU kernels here"
 )
+CPU = kernels.for_device(mx.cpu)
 
 
 def test_exp_is_accurate_over_the_float32_range():
@@ -62,29 +63,6 @@ def test_attention_matches_mlx(T, heads, kind):
     assert mx.allclose(got, expected, atol=1e-5), float(mx.abs(got - expected).max())
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
-def test_standard_blocks_match_mlx_lm(models_dir, family):
-    """A verify-sized block after a prompt: our CPU blocks give mlx-lm's logits."""
-    from mlx_lm.models.cache import make_prompt_cache
-
-    path = models_dir / f"{family}-cpu-ops"
-    if not path.exists():
-        tiny.make_target(path, family)
-    model, _ = load(str(path))
-    target = Target(model)
-    assert all(target._standard) and target._rope is not None
-    prompt, block = (
-        mx.array([[5, 17, 99, 3, 42, 42, 7]]),
-        mx.array([[11, 12, 13, 14, 15, 16]]),
-    )
-    ours, theirs = target.make_cache(), make_prompt_cache(model)
-    target(prompt, ours)
-    model(prompt, cache=theirs)
-    hidden, _ = target(block, ours)
-    expected = model(block, cache=theirs)
-    assert mx.allclose(target.logits(hidden), expected, atol=1e-4)
-
-
 @pytest.mark.parametrize("base,scale", [(10000.0, 1.0), (1e6, 0.25)])
 @pytest.mark.parametrize("offset", [0, 300, 9000])
 def test_rope_table_equals_mlx_rope(base, scale, offset):
@@ -102,13 +80,12 @@ def test_without_a_compiler_everything_is_mlx_own(models_dir, monkeypatch):
     if not path.exists():
         tiny.make_target(path, "llama")
     model, _ = load(str(path))
-    monkeypatch.setattr(cpu_ops, "_can_compile", lambda: False)
-    assert not cpu_ops.enabled()
+    monkeypatch.setattr(cpu_ops, "available", lambda: False)
+    assert kernels.for_device(mx.cpu) is kernels.MLX
     target = Target(model)
-    assert not any(target._standard) and target._rope is None
-    q, k = mx.random.normal((1, 4, 6, 16)), mx.random.normal((1, 2, 9, 16))
-    expected = mx.fast.scaled_dot_product_attention(q, k, k, scale=0.25, mask=None)
-    assert mx.array_equal(cpu_ops.attention(q, k, k, 0.25), expected)
+    assert target.kernels is kernels.MLX
+    assert not target.cpu_blocks
+    assert Target(model, kernels=CPU).cpu_blocks
 
 
 def test_long_query_blocks_keep_mlx_kernel():

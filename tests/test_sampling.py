@@ -1,6 +1,5 @@
 """End to end: speculative sampling through stream_generate has the target's distribution."""
 
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -48,9 +47,12 @@ class ConfidenceCut:
         pass
 
 
-@pytest.mark.parametrize("cut", [False, True])
-def test_sampled_generation_matches_target_distribution(tiny_pair, cut):
-    t, d = tiny_pair("qwen3")
+@pytest.mark.parametrize(
+    "family, cut", [("qwen3", True), ("qwen3_5", False), ("qwen3_moe", False)]
+)
+def test_sampled_generation_matches_target_distribution(tiny_pair, family, cut):
+    """Dense, hybrid (GatedDeltaNet replay on rejection) and MoE targets."""
+    t, d = tiny_pair(family)
     model, tok = load(str(t))
     tok.eos_token_ids = set()
     draft = load_draft(str(d))
@@ -81,7 +83,9 @@ def test_sampled_generation_matches_target_distribution(tiny_pair, cut):
         for a in np.flatnonzero(p1)
     ]
     policy = ConfidenceCut(float(np.median(tops))) if cut else 3
-    for _ in range(1500):
+    for i in range(1500):
+        # qwen3_5 draws from MLX's global generator, the others from per-generation
+        # keys (seed=i): both must give the target's distribution
         responses = list(
             stream_generate(
                 model,
@@ -92,6 +96,7 @@ def test_sampled_generation_matches_target_distribution(tiny_pair, cut):
                 max_tokens=3,
                 temperature=1.0,
                 top_k=3,
+                seed=None if family == "qwen3_5" else i,
             )
         )
         seq = tuple(t for r in responses for t in r.tokens)

@@ -7,7 +7,18 @@ from numerics import assert_close, error_ratio
 
 from dflash_mlx import Target, load
 
-FAMILIES = ["llama", "qwen3_5", "qwen3_5_moe", "gemma4_text", "gemma4", "gpt_oss"]
+FAMILIES = [
+    "llama",
+    "qwen3_5",
+    "qwen3_5_moe",
+    "qwen3_next",
+    "gemma4_text",
+    "gemma4",
+    "gpt_oss",
+    "deepseek_v3",
+    "kimi_k25",
+    "minimax",
+]
 PROMPT = mx.array([[5, 17, 99, 3, 42, 42, 7, 250, 1, 64]])
 BLOCK = mx.array([[11, 12, 13, 14, 15, 16, 17, 18]])
 

@@ -6,7 +6,6 @@ weights drop into `draft.Model` unchanged; only the attention is packed: queries
 all blocks, keys/values [context ; all blocks], and a block-sparse mask.
 """
 
-
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np

@@ -1,0 +1,106 @@
+"""Standard decoder blocks (llama, qwen2, qwen3) computed with `cpu_ops`' kernels.
+
+The one place that mirrors mlx-lm model code: `TransformerBlock.__call__` of mlx-lm's
+llama, qwen2 and qwen3 (pre-norm attention with optional q/k norms, then a SwiGLU MLP).
+It calls the layer's own submodules in the same order, so quantized weights and sharded
+layers (whose all-reduces live inside `o_proj`/`down_proj`) keep working. Plain decoding
+through it is ~1.1x mlx-lm's on a CPU (cheaper exp and one rotary table per forward).
+tests/test_cpu_blocks.py compares it with mlx-lm's own forward on each family, so a
+change in mlx-lm's block fails there. Quantized KV caches go to mlx-lm's own block.
+"""
+
+import mlx.nn as nn
+from mlx_lm.models.base import create_causal_mask
+
+from . import cpu_ops
+
+FAMILIES = ("llama", "qwen2", "qwen3")
+
+
+def is_standard_block(layer) -> bool:
+    attn, mlp = getattr(layer, "self_attn", None), getattr(layer, "mlp", None)
+    names = ("q_proj", "k_proj", "v_proj", "o_proj", "rope", "n_heads", "n_kv_heads")
+    return all(hasattr(attn, a) for a in names) and all(
+        hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj")
+    )
+
+
+def shared_rope(layers) -> tuple | None:
+    """(dims, base, scale) when every layer rotates its whole heads with the same plain
+    `nn.RoPE`, so one `cpu_ops.rope_table` per forward serves them all; else None."""
+    params = set()
+    for layer in layers:
+        attn = layer.self_attn
+        rope, head_dim = attn.rope, attn.q_proj.weight.shape[0] // attn.n_heads
+        if not isinstance(rope, nn.RoPE) or rope.traditional or rope.dims != head_dim:
+            return None
+        params.add((rope.dims, rope.base, rope.scale))
+    return params.pop() if len(params) == 1 else None
+
+
+class ForwardTables:
+    """The rotary table and boolean causal mask of the forward in progress, built once
+    for all layers (keyed by position offset and length, so any cache may ask)."""
+
+    def __init__(self, rope: tuple[int, float, float] | None):
+        self.rope = rope
+        self._key: tuple | None = None
+        self._tables: tuple = (None, None)
+
+    def get(self, offset: int, length: int) -> tuple:
+        if (offset, length) != self._key:
+            table = None
+            if self.rope is not None:
+                dims, base, scale = self.rope
+                table = cpu_ops.rope_table(dims, base, scale, offset, length)
+            mask = None
+            if 1 < length <= cpu_ops.MAX_QUERY_ROWS:  # cpu_ops attention takes arrays
+                mask = create_causal_mask(length, offset)
+            self._key, self._tables = (offset, length), (table, mask)
+        return self._tables
+
+
+class CpuBlock:
+    """Stands in for one mlx-lm standard block; same inputs, same output."""
+
+    def __init__(self, layer: nn.Module, tables: ForwardTables):
+        self.layer = layer
+        self.tables = tables
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["layer"], name)
+
+    def __call__(self, x, mask=None, cache=None):
+        layer = self.layer
+        if cache is None or hasattr(cache, "bits"):
+            return layer(x, mask, cache)
+        attn, mlp = layer.self_attn, layer.mlp
+        h = layer.input_layernorm(x)
+        B, L, _ = h.shape
+        table, causal = self.tables.get(cache.offset, L)
+        if isinstance(mask, str) and causal is not None:
+            mask = causal
+        q = attn.q_proj(h).reshape(B, L, attn.n_heads, -1)
+        k = attn.k_proj(h).reshape(B, L, attn.n_kv_heads, -1)
+        v = attn.v_proj(h).reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        if hasattr(attn, "q_norm"):
+            q, k = attn.q_norm(q), attn.k_norm(k)
+        if table is not None:
+            q = cpu_ops.rope(q, table).transpose(0, 2, 1, 3)
+            k = cpu_ops.rope(k, table).transpose(0, 2, 1, 3)
+        else:
+            q = attn.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
+            k = attn.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
+        k, v = cache.update_and_fetch(k, v)
+        out = cpu_ops.attention(q, k, v, attn.scale, mask)
+        h = x + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        y = layer.post_attention_layernorm(h)
+        return h + mlp.down_proj(cpu_ops.swiglu(mlp.gate_proj(y), mlp.up_proj(y)))
+
+
+def cpu_blocks(model_type: str, layers: list) -> list | None:
+    """CpuBlocks for every layer of a standard-family target; None unless all fit."""
+    if model_type not in FAMILIES or not all(is_standard_block(la) for la in layers):
+        return None
+    tables = ForwardTables(shared_rope(layers))
+    return [CpuBlock(layer, tables) for layer in layers]

@@ -1,0 +1,50 @@
+"""The few ops whose kernels differ by device, chosen once per target or drafter.
+
+MLX's own ops everywhere, except on the CPU where MLX can compile them: there `cpu_ops`'
+fused exp makes softmax, SwiGLU and small-block attention cheaper (see cpu_ops.py).
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import mlx.core as mx
+import mlx.nn as nn
+
+
+@dataclass(frozen=True)
+class Kernels:
+    name: str
+    swiglu: Callable[[mx.array, mx.array], mx.array]  # silu(gate) * up
+    softmax: Callable[[mx.array], mx.array]  # over the last axis, in float32
+    # (q, k, v, scale, mask) as for mx.fast.scaled_dot_product_attention
+    attention: Callable[..., mx.array]
+    cpu_blocks: bool  # run standard target blocks through cpu_blocks.py
+
+
+def _mlx_attention(q, k, v, scale, mask=None):
+    return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
+
+
+MLX = Kernels(
+    name="mlx",
+    swiglu=lambda gate, up: nn.silu(gate) * up,
+    softmax=lambda x: mx.softmax(x.astype(mx.float32), axis=-1),
+    attention=_mlx_attention,
+    cpu_blocks=False,
+)
+
+
+def for_device(device: mx.Device | None = None) -> Kernels:
+    """The kernels for `device` (default: MLX's default device)."""
+    from . import cpu_ops
+
+    device = device or mx.default_device()
+    if device == mx.cpu and cpu_ops.available():
+        return Kernels(
+            name="cpu_ops",
+            swiglu=cpu_ops.swiglu,
+            softmax=cpu_ops.softmax,
+            attention=cpu_ops.attention,
+            cpu_blocks=True,
+        )
+    return MLX

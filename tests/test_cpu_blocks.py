@@ -1,0 +1,39 @@
+"""cpu_blocks mirrors mlx-lm's llama/qwen2/qwen3 block: fails when mlx-lm's changes."""
+
+import mlx.core as mx
+import pytest
+import tiny
+from mlx_lm.models.cache import make_prompt_cache
+from numerics import assert_close
+
+from dflash_mlx import Target, cpu_ops, kernels, load
+from dflash_mlx.cpu_blocks import FAMILIES
+
+pytestmark = pytest.mark.skipif(
+    not cpu_ops.available(), reason="MLX cannot compile CPU kernels here"
+)
+PROMPT = mx.array([[5, 17, 99, 3, 42, 42, 7]])
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+@pytest.mark.parametrize("kv_bits", [None, 8])
+@pytest.mark.parametrize("block", [1, 2, 6, 70])
+def test_cpu_blocks_equal_mlx_lm_forward(models_dir, family, kv_bits, block):
+    """Prompt, then a block (decode, verify sizes, a prefill chunk): same logits."""
+    path = models_dir / f"{family}-cpu-blocks"
+    if not path.exists():
+        # head_dim 32: quantized KV caches need a multiple of the group size
+        tiny.make_target(path, family, hidden_size=128, head_dim=32)
+    model, _ = load(str(path))
+    target = Target(model, kernels=kernels.for_device(mx.cpu))
+    assert target.cpu_blocks
+    ours, theirs = target.make_cache(), make_prompt_cache(model)
+    if kv_bits:  # mlx-lm's quantized KV cache: the CPU block hands it to mlx-lm
+        ours = [c.to_quantized(group_size=32, bits=kv_bits) for c in ours]
+        theirs = [c.to_quantized(group_size=32, bits=kv_bits) for c in theirs]
+    target(PROMPT, ours)
+    model(PROMPT, cache=theirs)
+    tokens = (mx.arange(block) * 7 + 3)[None] % 250
+    hidden, _ = target(tokens, ours)
+    depth = target.num_layers + 1
+    assert_close(target.logits(hidden), model(tokens, cache=theirs), depth, family)
