@@ -109,15 +109,3 @@ def copy_weights(double, draft):
     """`double` (a drafter test double) with `draft`'s weights."""
     double.update(draft.parameters())
     return double
-
-
-def needs_engine(feature: str):
-    """Skip until the engine on this branch has `stream_generate(..., feature=)`."""
-    import pytest
-
-    from dflash_mlx.serve.scheduler import engine_features
-
-    return pytest.mark.skipif(
-        feature not in engine_features(),
-        reason=f"stream_generate has no '{feature}' argument yet (engine change)",
-    )

@@ -16,7 +16,6 @@ from serve_helpers import (
     LiveServer,
     chat_ids,
     copy_weights,
-    needs_engine,
     reference,
 )
 
@@ -205,12 +204,10 @@ def test_concurrent_greedy_clients_get_their_solo_outputs(client):
     _concurrent_equals_solo(client, requests)
 
 
-@needs_engine("seed")
 def test_concurrent_sampled_clients_get_their_solo_outputs(client):
     _concurrent_equals_solo(client, _greedy_requests()[:6] + _sampled_requests())
 
 
-@needs_engine("seed")
 def test_same_seed_same_output(client):
     request = _sampled_requests()[0]
     first = _answer(client, request)
@@ -218,7 +215,6 @@ def test_same_seed_same_output(client):
     assert _answer(client, {**request, "seed": 8}) != first
 
 
-@needs_engine("logprobs")
 def test_logprobs_are_the_targets_log_softmax(server, pair, client):
     model, tok, draft = pair
     ids = chat_ids(tok, OTHER_CHAT)

@@ -11,11 +11,6 @@ from ..cache import PromptCache
 from ..cache import _common_prefix as _shared_prefix
 
 
-def cache_bytes(cache: PromptCache) -> int:
-    """Memory held by the target's and the drafter's caches."""
-    return sum(getattr(c, "nbytes", 0) for c in cache.target + (cache.draft or []))
-
-
 class PromptPool:
     """Least-recently-used conversation caches, at most `max_bytes` in total."""
 
@@ -57,6 +52,6 @@ class PromptPool:
         """Keep `cache` as the most recent entry; drop the oldest beyond the budget."""
         if not cache.tokens:
             return
-        self._entries.append((cache, cache_bytes(cache)))
+        self._entries.append((cache, cache.nbytes))
         while self._entries and self.nbytes > self.max_bytes:
             self._entries.pop(0)

@@ -192,13 +192,6 @@ def make_job(state, ids: list[int], sampling: Sampling) -> Job:
         )
     if context is not None:
         max_tokens = min(max_tokens, context - len(ids))
-    if sampling.logprobs and "logprobs" not in state.scheduler.features:
-        raise ApiError(
-            400,
-            "This dflash-mlx engine cannot report logprobs yet: upgrade dflash-mlx, "
-            "or send the request without logprobs.",
-            param="logprobs",
-        )
     pick = lambda value, default: default if value is None else value  # noqa: E731
     return Job(
         prompt=tuple(ids),

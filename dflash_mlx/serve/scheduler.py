@@ -9,7 +9,6 @@ block in flight back, so its cache stays consistent and goes back to the pool.
 """
 
 import asyncio
-import inspect
 import logging
 import queue
 import threading
@@ -75,14 +74,6 @@ class ShuttingDown(Exception):
     """The server is stopping and takes no new jobs."""
 
 
-def engine_features() -> frozenset:
-    """Optional `stream_generate` arguments this engine has ("seed", "logprobs")."""
-    from ..generate import stream_generate
-
-    params = inspect.signature(stream_generate).parameters
-    return frozenset(p for p in ("seed", "logprobs") if p in params)
-
-
 class Ticket:
     """The HTTP side's handle on a job: its events, in order, and a cancel switch."""
 
@@ -145,7 +136,6 @@ class Scheduler:
         self.pool = pool
         self.block_size = block_size
         self.max_concurrency, self.timeout = max_concurrency, timeout
-        self.features = engine_features()
         self._waiting: queue.Queue = queue.Queue()  # bounded by submit
         self._max_queue = max_queue
         self._stop = threading.Event()
@@ -231,16 +221,6 @@ class Scheduler:
         from ..generate import stream_generate
 
         job = ticket.job
-        kwargs = {}
-        if job.seed is not None:
-            if "seed" in self.features:
-                kwargs["seed"] = job.seed
-            else:  # older engine: one global PRNG, reproducible only when run alone
-                import mlx.core as mx
-
-                mx.random.seed(job.seed)
-        if job.logprobs:
-            kwargs["logprobs"] = job.logprobs
         cache = self.pool.take(job.prompt)
         gen = stream_generate(
             self.target,
@@ -254,7 +234,8 @@ class Scheduler:
             top_k=job.top_k,
             min_p=job.min_p,
             prompt_cache=cache,
-            **kwargs,
+            seed=job.seed,  # its own random keys: no cross-talk between requests
+            logprobs=job.logprobs,
         )
         return _Run(ticket, cache, gen)
 
@@ -314,17 +295,6 @@ class Scheduler:
         self.active = 0
 
 
-def _plain_logprobs(logprobs) -> list | None:
-    """The engine's per-token (logprob, top) pairs as floats and ints."""
-    if logprobs is None:
-        return None
-    out = []
-    for logprob, top in logprobs:
-        pairs = top.tolist() if hasattr(top, "tolist") else top
-        out.append((float(logprob), [(int(t), float(lp)) for t, lp in pairs]))
-    return out
-
-
 def _block_event(r, ticket: Ticket) -> BlockEvent:
     return BlockEvent(
         tokens=list(r.tokens),
@@ -332,7 +302,7 @@ def _block_event(r, ticket: Ticket) -> BlockEvent:
         block_size=r.block_size,
         first=r.accepted is None,
         finish_reason=r.finish_reason,
-        logprobs=_plain_logprobs(getattr(r, "logprobs", None)),
+        logprobs=r.logprobs,  # already Python values
         prompt_tokens=r.prompt_tokens,
         reused_tokens=r.reused_tokens,
         prompt_tps=r.prompt_tps,
