@@ -180,6 +180,16 @@ class Scheduler:
 
     # -- engine thread -------------------------------------------------------------
     def _loop(self):
+        import mlx.core as mx
+
+        try:
+            self._serve_jobs()
+        finally:
+            # MLX needs a thread's streams destroyed before the thread ends, or the
+            # process can abort at exit ("terminate called without an active exception")
+            mx.clear_streams()
+
+    def _serve_jobs(self):
         active: deque[_Run] = deque()
         busy = False
         while not self._stop.is_set():

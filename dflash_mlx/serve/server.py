@@ -10,14 +10,21 @@ from collections.abc import Callable
 
 def listen(host: str, port: int) -> socket.socket:
     """A listening socket; ValueError with a fix when the address is unusable."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    # proto=TCP: asyncio then sets TCP_NODELAY on each connection; without it a
+    # response's header and body segments wait ~40 ms for a delayed ACK
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     try:
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        return socket.create_server((host, port), family=family, backlog=128)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
     except OSError as e:
+        sock.close()
         raise ValueError(
             f"Cannot listen on {host}:{port} ({e.strerror}): pick another --port, "
             "or stop the program using it."
         ) from e
+    return sock
 
 
 def make_server(app, sock: socket.socket, log_level: str = "warning", on_ready=None):
