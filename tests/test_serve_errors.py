@@ -79,6 +79,13 @@ BAD_CHAT = [
     ),
     ("unknown model", {**CHAT, "model": "gpt-5"}, 404, "model", "/v1/models"),
     (
+        "template kwargs",
+        {**CHAT, "chat_template_kwargs": {"tokenize": True}},
+        400,
+        "chat_template_kwargs",
+        "server sets",
+    ),
+    (
         "too long for the context",
         {**CHAT, "messages": [{"role": "user", "content": "x" * 4200}]},
         400,

@@ -7,6 +7,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import mlx.core as mx
+import mlx_lm
 import numerics
 import openai
 import pytest
@@ -78,6 +79,26 @@ def test_greedy_chat_equals_generate_streamed_or_not(server, pair, client, messa
     assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == 41
     # the second request found the first one's cache: all but the last prompt token
     assert chunks[-1].usage.prompt_tokens_details.cached_tokens == len(ids) - 1
+
+
+def test_models_and_health_name_the_pair(server, client):
+    assert [m.id for m in client.models.list()] == ["tiny"]
+    health = httpx.get(server.url + "/health").json()
+    assert health["status"] == "ok" and health["model"] == "tiny"
+    assert (health["active"], health["queue_depth"]) == (0, 0)
+
+
+def test_plain_decoding_without_a_drafter(pair):
+    model, tok, _ = pair
+    ids = tok.encode("The quick brown fox")
+    plain = mlx_lm.stream_generate(model, tok, ids, max_tokens=16)
+    expected = "".join(r.text for r in plain)
+    with LiveServer(model, tok, None) as s:
+        r = httpx.post(
+            s.url + "/v1/completions", json={"prompt": ids, "max_tokens": 16}
+        )
+    assert r.json()["choices"][0]["text"] == expected
+    assert r.json()["x_dflash"]["draft"] is None
 
 
 def test_x_dflash_reports_the_blocks(client):

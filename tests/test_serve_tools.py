@@ -125,6 +125,11 @@ def test_anthropic_tool_use_and_thinking_blocks(server):
     )
     assert json.loads(partial) == CALL
     assert events[-2]["delta"]["stop_reason"] == "tool_use"
+    thinking = {"type": "enabled", "budget_tokens": 64}
+    with claude.messages.stream(**kw, thinking=thinking) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].thinking == scripted.THINK
 
 
 def test_responses_function_calls_and_reasoning(client):

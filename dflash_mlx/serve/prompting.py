@@ -79,10 +79,27 @@ def _plain_transcript(messages: list[dict]) -> str:
     return turns + "Assistant:"
 
 
+# arguments of apply_chat_template that the server sets itself
+_RESERVED = {
+    "tokenize",
+    "add_generation_prompt",
+    "return_dict",
+    "tools",
+    "chat_template",
+}
+
+
 def render_chat(
     tokenizer, messages: list[dict], tools=None, template_kwargs=None
 ) -> tuple[list[int], str]:
     """(prompt ids, the state the answer starts in: "normal" or "reasoning")."""
+    clash = sorted(_RESERVED & set(template_kwargs or {}))
+    if clash:
+        raise ApiError(
+            400,
+            f"chat_template_kwargs cannot set {', '.join(clash)}: the server sets it.",
+            param="chat_template_kwargs",
+        )
     if not getattr(tokenizer, "has_chat_template", False):
         return tokenizer.encode(_plain_transcript(messages)), "normal"
     try:

@@ -211,6 +211,7 @@ class Scheduler:
             run = active.popleft()
             if self._step(run):
                 active.append(run)
+            self.active = len(active)
         self._fail_everything(active)
 
     def _admit(self, ticket: Ticket) -> _Run | None:
@@ -277,6 +278,7 @@ class Scheduler:
             keep_cache = False
         if keep_cache:
             self.pool.give_back(run.cache)
+        self.active = max(0, self.active - 1)  # before the client can ask /health
         run.ticket.send(event)
         return False
 
