@@ -78,6 +78,15 @@ BAD_CHAT = [
         "20",
     ),
     ("unknown model", {**CHAT, "model": "gpt-5"}, 404, "model", "/v1/models"),
+    ("penalty", {**CHAT, "presence_penalty": 0.5}, 400, "presence_penalty", "leave it"),
+    ("logit_bias", {**CHAT, "logit_bias": {"5": 3}}, 400, "logit_bias", "leave it"),
+    (
+        "json mode",
+        {**CHAT, "response_format": {"type": "json_object"}},
+        400,
+        "response_format",
+        "not supported",
+    ),
     (
         "template kwargs",
         {**CHAT, "chat_template_kwargs": {"tokenize": True}},

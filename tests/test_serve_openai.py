@@ -192,7 +192,7 @@ def _sampled_requests():
 def _greedy_requests():
     return [
         dict(messages=ORACLE_CHAT, max_tokens=30),
-        dict(messages=OTHER_CHAT, max_tokens=17),
+        dict(messages=OTHER_CHAT, max_tokens=17, frequency_penalty=0.0),
         dict(messages=[{"role": "user", "content": "What is 2+2?"}], max_tokens=25),
         dict(
             messages=[{"role": "user", "content": "abc"}],

@@ -96,6 +96,7 @@ def finish_reason(gen: Generation) -> str:
 
 
 def _sampling(req, logprobs: int) -> Sampling:
+    req.check_supported()
     return Sampling(
         max_tokens=getattr(req, "max_completion_tokens", None) or req.max_tokens,
         temperature=req.temperature,

@@ -70,9 +70,39 @@ class SamplingBody(_Body):
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=1)
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    repetition_penalty: float | None = None
+    logit_bias: dict | None = None
+    response_format: dict | None = None
 
     def stop_strings(self) -> tuple[str, ...]:
         return stop_list(self.stop, "stop")
+
+    def check_supported(self):
+        """A 400 for options that would change the target's distribution, which
+        speculative decoding here keeps exact (only temperature/top-p/top-k/min-p)."""
+        changed = [
+            name
+            for name, neutral in (
+                ("frequency_penalty", 0),
+                ("presence_penalty", 0),
+                ("repetition_penalty", 1),
+            )
+            if getattr(self, name) not in (None, neutral)
+        ]
+        if self.logit_bias:
+            changed.append("logit_bias")
+        if (self.response_format or {}).get("type", "text") != "text":
+            changed.append("response_format")
+        if changed:
+            raise ApiError(
+                400,
+                f"{changed[0]} is not supported by this server (it samples the "
+                "model's exact distribution, shaped only by temperature, top_p, top_k "
+                "and min_p): leave it out.",
+                param=changed[0],
+            )
 
 
 class ChatCompletionRequest(SamplingBody):
