@@ -52,7 +52,8 @@ def _device_line() -> str:
 
     info = blas_in_use()
     blas = info["name"] + (f" ({info['path']})" if info["path"] else "")
-    return f"device {mx.default_device()} · BLAS {blas}"
+    device = mx.default_device()
+    return f"device {getattr(device.type, 'name', device)} · BLAS {blas}"
 
 
 def serve(
@@ -105,6 +106,7 @@ def serve(
 ):
     """Serve the model over HTTP (OpenAI, Anthropic and Responses APIs)."""
     from dflash_mlx.serve import MissingExtra, require_serve_extra
+    from dflash_mlx.serve.config import ServeConfig
 
     from . import ui
 
@@ -120,15 +122,24 @@ def serve(
     warning = host_warning(host, api_key)
     if warning:
         ui.warning(out, warning)
-    from dflash_mlx.serve.app import create_app
-    from dflash_mlx.serve.config import ServeConfig
-    from dflash_mlx.serve.server import listen, run_server
+    from dflash_mlx.serve.server import listen
 
     try:
         sock = listen(host, port)  # before loading: a busy port fails fast
     except ValueError as e:
         ui.error(out, str(e))
         raise typer.Exit(1) from None
+    options = dict(
+        block_size=size,
+        max_tokens=max_tokens,
+        temperature=temp,
+        max_concurrency=max_concurrency,
+        max_queue=max_queue,
+        request_timeout=request_timeout,
+        prompt_cache_bytes=cache_bytes,
+        max_body_bytes=body_bytes,
+        api_key=api_key,
+    )
     try:
         loaded, (model_ref, draft_ref, note) = _load(
             model, draft, no_draft, draft_bits, out
@@ -137,30 +148,31 @@ def serve(
             model_id=model_name or _served_name(model_ref),
             draft_id=draft_ref,
             aliases=(model_ref,),
-            block_size=size,
-            max_tokens=max_tokens,
-            temperature=temp,
-            max_concurrency=max_concurrency,
-            max_queue=max_queue,
-            request_timeout=request_timeout,
-            prompt_cache_bytes=cache_bytes,
-            max_body_bytes=body_bytes,
-            api_key=api_key,
+            **options,
         )
-        app = create_app(*loaded, config)
-        ui.serve_banner(out, config, note, _device_line())
-        run_server(
-            app,
-            sock,
-            log_level=log_level,
-            on_ready=lambda bound: ui.serve_ready(out, _url(host, bound), config),
-        )
+        _run(out, loaded, config, note, sock, host, log_level)
     except ValueError as e:
         ui.error(out, str(e))
         raise typer.Exit(1) from None
     finally:
         sock.close()
     ui.info(out, "Server stopped.")
+
+
+def _run(out, loaded, config, note, sock, host, log_level):
+    from dflash_mlx.serve.app import create_app
+    from dflash_mlx.serve.server import run_server
+
+    from . import ui
+
+    app = create_app(*loaded, config)
+    ui.serve_banner(out, config, note, _device_line())
+    run_server(
+        app,
+        sock,
+        log_level=log_level,
+        on_ready=lambda port: ui.serve_ready(out, _url(host, port), config),
+    )
 
 
 def _url(host: str, port: int) -> str:

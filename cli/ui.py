@@ -247,13 +247,15 @@ def warning(out: Console, message: str):
 def serve_banner(out: Console, config, note: str | None, device: str):
     """What `dflash-mlx serve` runs: the pair, the engine settings and the device."""
     out.print(
-        Text.assemble(("dflash-mlx serve", "bold"), "  ", (config.model_id, "cyan"))
+        Text.assemble(("dflash-mlx serve", "bold"), "  ", (config.model_id, "cyan")),
+        soft_wrap=True,
     )
     if config.draft_id:
         out.print(
             Text.assemble(
                 "drafter ", (config.draft_id, "green"), f"  block {config.block_size}"
-            )
+            ),
+            soft_wrap=True,
         )
     if note:
         out.print(Text(note, style="yellow"))

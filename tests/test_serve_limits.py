@@ -107,6 +107,22 @@ def test_a_client_that_disconnects_frees_its_slot(busy, pair):
         assert r.json()["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
 
 
+def test_a_non_streaming_client_that_gives_up_is_cancelled_too(busy):
+    cancelled = metric(
+        busy, "dflash_requests_total", endpoint="chat", status="cancelled"
+    )
+    with pytest.raises(httpx.ReadTimeout):  # httpx closes the connection
+        httpx.post(
+            busy.url + "/v1/chat/completions",
+            json={**LONG, "stream": False},
+            headers=AUTH,
+            timeout=0.5,
+        )
+    busy.wait_idle()
+    after = metric(busy, "dflash_requests_total", endpoint="chat", status="cancelled")
+    assert after == cancelled + 1
+
+
 def test_requests_past_the_timeout_end_with_504(impatient):
     client = openai.OpenAI(base_url=impatient.url + "/v1", api_key="x", max_retries=0)
     request = {**LONG, "stream": False}

@@ -12,6 +12,7 @@ from .scheduler import Failed, Finished, Job, QueueFull, ShuttingDown
 from .textstream import Delta, TextStream
 
 RETRY_AFTER_S = 1
+CHECK_EVERY_S = 0.25  # how often a non-streaming request checks its client is there
 
 
 class ClientGone(Exception):
@@ -86,6 +87,7 @@ class Generation:
         self.endpoint = endpoint
         self.stats = RequestStats()
         self.finish: str | None = None  # "eos", "length" or "stop" (a stop string)
+        self._checked = time.monotonic()
 
     @property
     def completion_tokens(self) -> int:
@@ -157,15 +159,19 @@ class Generation:
     async def _next_event(self, disconnected):
         # The engine times out running jobs itself; this also covers a queued one.
         while True:
-            left = self.ticket.deadline - time.monotonic() + 1.0
+            now = time.monotonic()
+            if disconnected is not None and now - self._checked >= CHECK_EVERY_S:
+                self._checked = now  # a client that gave up: stop at the next block
+                if await disconnected():
+                    raise ClientGone
+            left = self.ticket.deadline - now + 1.0
             if left <= 0:
                 failure = self.state.scheduler.timeout_failure()
                 raise ApiError(failure.status, failure.message, code=failure.code)
             try:
-                return await self.ticket.next_event(min(left, 0.5))
+                return await self.ticket.next_event(min(left, CHECK_EVERY_S))
             except asyncio.TimeoutError:
-                if disconnected is not None and await disconnected():
-                    raise ClientGone from None
+                continue
 
 
 def make_job(state, ids: list[int], sampling: Sampling) -> Job:
