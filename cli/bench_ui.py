@@ -1,5 +1,4 @@
-"""Rich rendering for `dflash-mlx bench`: progress, result tables, histograms, environment."""
-
+"""Rich rendering for `dflash-mlx bench`: progress, tables, histograms, environment."""
 
 from rich import box
 from rich.console import Console
@@ -46,7 +45,7 @@ def _f(x, spec: str) -> str:
 
 
 def sparkline(hist: list[float]) -> str:
-    """Acceptance histogram in one cell: one bar per tau = 1..B, scaled to the tallest."""
+    """Acceptance histogram in one cell: a bar per tau = 1..B, scaled to the tallest."""
     top = max(hist, default=0.0)
     if top <= 0:
         return "–"
@@ -59,7 +58,8 @@ def histogram(row: dict, width: int = 30) -> Text:
     """Horizontal bar chart of the acceptance lengths of one summary row."""
     t = Text()
     t.append(
-        f"acceptance lengths · {row['dataset']} · {row['engine']} · B={row['block_size']}\n",
+        f"acceptance lengths · {row['dataset']} · {row['engine']} · "
+        f"B={row['block_size']}\n",
         style="bold",
     )
     hist = row["tau_histogram"]
@@ -138,7 +138,8 @@ def results(out: Console, summary: dict, temperature: float):
     for row in overall:
         out.print(
             Text(
-                f"time to first token ({row['dataset']}, B={row['block_size']}): mlx-lm "
+                f"time to first token ({row['dataset']}, B={row['block_size']}): "
+                "mlx-lm "
                 f"{row['baseline_ttft_s'] * 1000:.0f} ms · {row['engine']} "
                 f"{row['ttft_s'] * 1000:.0f} ms",
                 style="dim",

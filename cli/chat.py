@@ -4,66 +4,11 @@ import signal
 
 import typer
 
-MODEL_HELP = (
-    "Target model: local folder or Hugging Face repo id (default: the built-in one)."
-)
-DRAFT_HELP = "DFlash drafter (default: the registry's drafter for the target)."
-
-
-def open_session(
-    model,
-    draft,
-    no_draft,
-    *,
-    system=None,
-    thinking=None,
-    settings=None,
-    raw=False,
-    status=None,
-):
-    """Resolve and load target + drafter; (ChatSession, note). Raises ValueError to fix."""
-    from contextlib import nullcontext
-
-    from dflash_mlx import load, load_draft
-    from dflash_mlx.chat import ChatSession, resolve_models
-
-    model, draft, note = resolve_models(model, draft, no_draft)
-    with status(model) if status else nullcontext():
-        target, tokenizer = load(model)
-        drafter = load_draft(draft, target=target) if draft else None
-        _warm_up(target, tokenizer, drafter)
-    session = ChatSession(
-        target,
-        tokenizer,
-        drafter,
-        system=system,
-        thinking=thinking,
-        settings=settings,
-        raw=raw,
-        names={"model": model, "draft": draft},
-    )
-    if thinking is not None and not raw and not session.thinking_supported:
-        note = "; ".join(
-            filter(None, [note, "this chat template has no thinking switch"])
-        )
-    return session, note
-
-
-def _warm_up(target, tokenizer, drafter):
-    """A short throwaway generation, so MLX compiles its kernels (on a CPU once per machine,
-    ~6 s for the demo pair) behind the loading spinner instead of in the first answer."""
-    from dflash_mlx import stream_generate
-
-    block = drafter.args.block_size if drafter is not None else 1
-    # the prefill, then one full block: every kernel shape of a verify
-    for _ in stream_generate(
-        target, drafter, tokenizer, "Hello", max_tokens=1 + block, block_size=block
-    ):
-        pass
+from . import options
 
 
 class SoftInterrupt:
-    """First Ctrl-C asks the answer to stop at the next block; a second one interrupts hard."""
+    """First Ctrl-C stops the answer at the next block; a second one interrupts hard."""
 
     def __init__(self):
         self.requested = False
@@ -114,57 +59,31 @@ def answer(session, out, text: str, note: str | None):
         ui.interrupted(out)
 
 
-def parse_block_size(text: str | None):
-    """`--block-size` value: None, "auto", or an integer >= 1."""
-    if text is None or text == "auto":
-        return text
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise typer.BadParameter(
-            f"expected an integer >= 1 or 'auto', got {text!r}.",
-            param_hint="--block-size",
-        )
-    return value
-
-
 def chat(
-    model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP),
-    draft: str | None = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
-    block_size: str | None = typer.Option(
-        None,
-        "--block-size",
-        "-b",
-        help="Verify block size, or 'auto' (the default) to pick per block from measured "
-        "speed and the drafter's confidence.",
+    model: str | None = options.model(),
+    draft: str | None = options.draft(),
+    block_size: str | None = options.block_size(
+        help="Verify block size, or 'auto' (the default) to pick per block from "
+        "measured speed and the drafter's confidence."
     ),
-    temp: float = typer.Option(
-        0.0, "--temp", "-t", min=0.0, help="Temperature (0 = greedy)."
+    temp: float = options.temperature(),
+    top_p: float = options.top_p(),
+    top_k: int = options.top_k(),
+    max_tokens: int = options.max_tokens(
+        1024, help="Per answer (-1: up to the context)."
     ),
-    top_p: float = typer.Option(1.0, "--top-p", min=0.0, max=1.0),
-    top_k: int = typer.Option(0, "--top-k", min=0, help="0 disables top-k."),
-    max_tokens: int = typer.Option(
-        1024, "--max-tokens", "-n", help="Per answer (-1: up to the context)."
-    ),
-    system: str | None = typer.Option(None, "--system", "-s", help="System prompt."),
-    thinking: bool | None = typer.Option(
-        None,
-        "--thinking/--no-thinking",
-        help="enable_thinking for templates that support it.",
-    ),
-    no_draft: bool = typer.Option(
-        False, "--no-draft", help="Plain decoding, no drafter."
-    ),
+    system: str | None = options.system(),
+    thinking: bool | None = options.thinking(),
+    no_draft: bool = options.no_draft(),
     color: bool = typer.Option(
         False, "--color", help="Colour tokens: drafted (green) vs target."
     ),
 ):
     """Chat in the terminal with live tok/s and acceptance length."""
-    from dflash_mlx.chat import COMMANDS, Settings
+    from dflash_mlx.chat import Settings
 
     from . import ui
+    from .session import open_session
 
     out = ui.console()
     settings = Settings(
@@ -172,7 +91,7 @@ def chat(
         top_p=top_p,
         top_k=top_k,
         max_tokens=max_tokens,
-        block_size=parse_block_size(block_size),
+        block_size=options.parse_block_size(block_size),
         color=color,
     )
     try:
@@ -187,7 +106,7 @@ def chat(
         )
     except ValueError as e:
         ui.error(out, str(e))
-        raise typer.Exit(1)
+        raise typer.Exit(1) from None
     ui.banner(
         out,
         {
@@ -198,6 +117,13 @@ def chat(
             "thinking": _thinking_label(session),
         },
     )
+    _loop(session, out, note if session.draft is None else None)
+
+
+def _loop(session, out, note: str | None):
+    """Read messages until Ctrl-D or /exit: slash commands, else an answer."""
+    from . import ui
+
     while True:
         try:
             text = ui.read_message(out)
@@ -206,22 +132,32 @@ def chat(
             return
         if not text.strip():
             continue
-        if text.lstrip().startswith("/"):
-            try:
-                action, message = session.command(text)
-            except ValueError as e:
-                ui.error(out, str(e))
-                continue
-            if action == "exit":
-                return
-            if action == "help":
-                ui.help_table(out, COMMANDS)
-            elif action == "stats":
-                ui.stats_table(out, session.stats())
-            else:
-                ui.info(out, message)
-            continue
-        answer(session, out, text, note if session.draft is None else None)
+        if not text.lstrip().startswith("/"):
+            answer(session, out, text, note)
+        elif not _command(session, out, text):
+            return
+
+
+def _command(session, out, text: str) -> bool:
+    """Run one slash command; False when it asks to leave."""
+    from dflash_mlx.chat import COMMANDS
+
+    from . import ui
+
+    try:
+        action, message = session.command(text)
+    except ValueError as e:
+        ui.error(out, str(e))
+        return True
+    if action == "exit":
+        return False
+    if action == "help":
+        ui.help_table(out, COMMANDS)
+    elif action == "stats":
+        ui.stats_table(out, session.stats())
+    else:
+        ui.info(out, message)
+    return True
 
 
 def _thinking_label(session) -> str | None:

@@ -1,4 +1,4 @@
-"""`dflash-mlx doctor`: backend, device, BLAS, matmul speed, default models, and fixes."""
+"""`dflash-mlx doctor`: backend, device, BLAS, matmul speed, the models, and fixes."""
 
 import json
 import os
@@ -38,7 +38,7 @@ def _cpu_kernels(mx) -> tuple[str, list]:
     ]
 
 
-def collect(matmul_size: int = 1024) -> dict:
+def collect(matmul_size: int = 1024, model: str | None = None) -> dict:
     """Everything doctor reports, as plain data (also what `--json` prints)."""
     import mlx.core as mx
 
@@ -75,8 +75,36 @@ def collect(matmul_size: int = 1024) -> dict:
             f"No built-in drafter for {defaults.TARGET_NAME} ships with this install yet: "
             "train one with `dflash-mlx train`, or pass a drafter with --draft."
         )
+    if model is not None:
+        from dflash_mlx.model_check import check_target
+
+        report["model"] = check_target(model)
+        if not report["model"]["loads"]:
+            report["fixes"].append(f"{model}: {report['model']['reason']}")
     report["ok"] = not report["fixes"]
     return report
+
+
+def _model_rows(m: dict) -> list[tuple[str, str]]:
+    loads = "[green]yes[/green]" if m["loads"] else "[red]no[/red]"
+    details = ", ".join(f"{k} {v}" for k, v in m["details"].items() if v is not None)
+    rows = [
+        ("Model", m["model"]),
+        ("Found", f"{m['source'] or 'no'}" + (f": {m['path']}" if m["path"] else "")),
+        (
+            "Family",
+            f"{m['family'] or '?'} "
+            f"({'supported' if m['supported'] else 'not supported from this source'})",
+        ),
+        ("Details", details or "-"),
+        ("Will load", loads),
+        ("Drafter (registry)", m["drafter"] or "none known: plain decoding"),
+    ]
+    if m["builtin_drafter"]:
+        rows.append(("Built-in drafter", f"{m['builtin_drafter']} (`dflash-mlx chat`)"))
+    if m["reason"]:
+        rows.append(("Why not", m["reason"]))
+    return rows
 
 
 def render(report: dict):
@@ -108,6 +136,8 @@ def render(report: dict):
         ("Default target", report["default_target"] or "[red]missing[/red]"),
         ("Default drafter", report["default_draft"] or "[yellow]none[/yellow]"),
     ]
+    if "model" in report:
+        rows += _model_rows(report["model"])
     for name, value in rows:
         table.add_row(name, value)
     console.print(table)
@@ -127,9 +157,16 @@ def doctor(
         min=0,
         help="Size of the matmul speed probe (0 skips it).",
     ),
+    model: str | None = typer.Option(
+        None,
+        "--model",
+        "-m",
+        help="Also check whether this target (folder, cached Hub id or .gguf) will "
+        "load, and which drafter it gets. Reads config/metadata only, never downloads.",
+    ),
 ):
-    """Check backend, device, BLAS and matmul speed, and the built-in models; print fixes."""
-    report = collect(matmul_size)
+    """Check backend, device, BLAS and matmul speed, the models, and print fixes."""
+    report = collect(matmul_size, model)
     if as_json:
         typer.echo(json.dumps(report))
     else:

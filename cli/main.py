@@ -2,6 +2,12 @@
 
 import typer
 
+from .bench import bench
+from .chat import chat
+from .doctor import doctor
+from .generate import generate
+from .train import train
+
 app = typer.Typer(
     name="dflash-mlx",
     help="DFlash speculative decoding on MLX: lossless and fast.",
@@ -18,22 +24,10 @@ def version():
     typer.echo(__version__)
 
 
-from .chat import chat  # noqa: E402
-from .generate import generate  # noqa: E402
-from .train import train  # noqa: E402
-
 app.command("chat")(chat)
 app.command("generate")(generate)
 app.command("train")(train)
-
-
-from .bench import bench  # noqa: E402
-
 app.command("bench")(bench)
-
-
-from .doctor import doctor  # noqa: E402
-
 app.command("doctor")(doctor)
 
 
@@ -43,7 +37,8 @@ app.command("serve")(serve)
 
 
 def main():
-    """Console entry: on Linux, re-exec once with OpenBLAS preloaded (see blas.py), then run."""
+    """Console entry: on Linux, re-exec once with OpenBLAS preloaded (see blas.py), then
+    run."""
     from dflash_mlx.blas import ensure_fast_blas
 
     ensure_fast_blas()

@@ -4,7 +4,7 @@ import re
 
 import typer
 
-from .chat import DRAFT_HELP, MODEL_HELP, parse_block_size
+from .options import DRAFT_HELP, MODEL_HELP, parse_block_size
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
@@ -32,10 +32,10 @@ def host_warning(host: str, api_key: str | None) -> str | None:
 
 def _load(model, draft, no_draft, draft_bits, out):
     from dflash_mlx import load, load_draft
-    from dflash_mlx.chat import resolve_models
+    from dflash_mlx.resolve import resolve_models
 
     from . import ui
-    from .chat import _warm_up
+    from .session import _warm_up
 
     model, draft, note = resolve_models(model, draft, no_draft)
     with ui.loading(out, model):

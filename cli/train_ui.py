@@ -1,4 +1,4 @@
-"""Rich rendering for `dflash-mlx train`: one progress bar per stage, τ checks, summary."""
+"""Rich rendering for `dflash-mlx train`: a bar per stage, τ checks, summary."""
 
 from rich.console import Console
 from rich.progress import (
@@ -39,67 +39,84 @@ def _bar(out: Console) -> Progress:
     )
 
 
-def render(opts):
-    """Run the training pipeline, drawing its events."""
-    from dflash_mlx.train import Finished, SaveEvent, Stage, StepEvent, ValEvent, run
+class _Bars:
+    """One progress bar at a time: a stage's bar replaces the one before."""
+
+    def __init__(self, out: Console):
+        self.out = out
+        self.progress: Progress | None = None
+        self.task = None
+
+    def close(self):
+        if self.progress is not None:
+            self.progress.stop()
+        self.progress, self.task = None, None
+
+    def update(self, name: str, total: int, done: int, **fields):
+        if self.progress is None:
+            self.progress = _bar(self.out)
+            self.progress.start()
+            self.task = self.progress.add_task(
+                name, total=total, completed=done, info=""
+            )
+        self.progress.update(self.task, **fields)
+
+    def print(self, text: str):
+        (self.progress.console if self.progress else self.out).print(text)
+
+
+def _finished(out: Console, ev, opts):
+    tau = "–" if ev.tau is None else f"{ev.tau:.2f}"
+    out.print(
+        f"[bold green]Drafter written to {ev.path}[/] ({ev.steps} steps, "
+        f"{ev.samples} samples, {ev.train_seconds / 60:.1f} min training, "
+        f"τ {tau})."
+    )
+    out.print(
+        f"Measure it: dflash-mlx bench -d gsm8k --model {opts.target} "
+        f"--draft {ev.path} -b 16"
+    )
+
+
+def _show(ev, bars: _Bars, opts):
+    """Draw one training event."""
+    from dflash_mlx.train import Finished, SaveEvent, Stage, StepEvent, ValEvent
     from dflash_mlx.train.data import DataProgress
     from dflash_mlx.train.features import FeatureProgress
 
-    out = console()
-    progress, task = None, None
+    if isinstance(ev, Stage):
+        bars.close()
+        bars.out.print(f"[bold cyan]{ev.name}[/] {ev.detail}")
+    elif isinstance(ev, DataProgress):
+        info = f"{ev.new_tokens} new tokens"
+        bars.update("responses", ev.total, ev.done, completed=ev.done, info=info)
+    elif isinstance(ev, FeatureProgress):
+        bars.update("features", ev.total, ev.done, completed=ev.done)
+    elif isinstance(ev, StepEvent):
+        info = (
+            f"loss {ev.loss:.3f} acc {ev.accuracy:.2f} lr {ev.lr:.1e} "
+            f"{ev.tokens_per_s:,.0f} tok/s eta {ev.eta / 60:.0f} min"
+        )
+        bars.update("train", ev.total, ev.step - 1, completed=ev.step, info=info)
+    elif isinstance(ev, ValEvent):
+        bars.print(
+            f"step {ev.step}: τ = [bold green]{ev.tau:.2f}[/] on {ev.prompts} "
+            "held-out prompts"
+        )
+    elif isinstance(ev, SaveEvent):
+        bars.print(f"[dim]checkpoint {ev.path}[/]")
+    elif isinstance(ev, Finished):
+        bars.close()
+        _finished(bars.out, ev, opts)
 
-    def close():
-        nonlocal progress, task
-        if progress is not None:
-            progress.stop()
-        progress, task = None, None
 
-    def bar(name, total, done):
-        nonlocal progress, task
-        if progress is None:
-            progress = _bar(out)
-            progress.start()
-            task = progress.add_task(name, total=total, completed=done, info="")
-        return progress
+def render(opts):
+    """Run the training pipeline, drawing its events."""
+    from dflash_mlx.train import run
 
+    bars = _Bars(console())
     try:
         for ev in run(opts):
-            if isinstance(ev, Stage):
-                close()
-                out.print(f"[bold cyan]{ev.name}[/] {ev.detail}")
-            elif isinstance(ev, DataProgress):
-                bar("responses", ev.total, ev.done).update(
-                    task, completed=ev.done, info=f"{ev.new_tokens} new tokens"
-                )
-            elif isinstance(ev, FeatureProgress):
-                bar("features", ev.total, ev.done).update(task, completed=ev.done)
-            elif isinstance(ev, StepEvent):
-                bar("train", ev.total, ev.step - 1).update(
-                    task,
-                    completed=ev.step,
-                    info=(
-                        f"loss {ev.loss:.3f} acc {ev.accuracy:.2f} lr {ev.lr:.1e} "
-                        f"{ev.tokens_per_s:,.0f} tok/s eta {ev.eta / 60:.0f} min"
-                    ),
-                )
-            elif isinstance(ev, ValEvent):
-                (progress.console if progress else out).print(
-                    f"step {ev.step}: τ = [bold green]{ev.tau:.2f}[/] on {ev.prompts} held-out prompts"
-                )
-            elif isinstance(ev, SaveEvent):
-                (progress.console if progress else out).print(
-                    f"[dim]checkpoint {ev.path}[/]"
-                )
-            elif isinstance(ev, Finished):
-                close()
-                tau = "–" if ev.tau is None else f"{ev.tau:.2f}"
-                out.print(
-                    f"[bold green]Drafter written to {ev.path}[/] ({ev.steps} steps, "
-                    f"{ev.samples} samples, {ev.train_seconds / 60:.1f} min training, τ {tau})."
-                )
-                out.print(
-                    f"Measure it: dflash-mlx bench -d gsm8k --model {opts.target} "
-                    f"--draft {ev.path} -b 16"
-                )
+            _show(ev, bars, opts)
     finally:
-        close()
+        bars.close()

@@ -1,4 +1,4 @@
-"""All Rich terminal code: the chat's live answer view, status and summary lines, tables."""
+"""All Rich terminal code: the chat's live answer view, status lines, tables."""
 
 import sys
 
@@ -34,11 +34,13 @@ def status_line(stats, note: str | None = None) -> Text:
     t.append(f"  {stats.generation_tps:7.1f} tok/s", style="cyan")
     if stats.mode == "dflash":
         t.append(
-            f"  τ {_fmt(stats.mean_accepted, '.2f')} (last {_fmt(stats.last_accepted, 'd')})",
+            f"  τ {_fmt(stats.mean_accepted, '.2f')} "
+            f"(last {_fmt(stats.last_accepted, 'd')})",
             style="magenta",
         )
     t.append(
-        f"  {stats.generation_tokens} tok  {stats.elapsed:.1f} s  {stats.peak_memory:.2f} GB",
+        f"  {stats.generation_tokens} tok  {stats.elapsed:.1f} s  "
+        f"{stats.peak_memory:.2f} GB",
         style="dim",
     )
     if note:
@@ -82,7 +84,7 @@ def piece_style(piece, color: bool) -> str:
 
 
 class AnswerView:
-    """Streams an answer: a live tail + status line on a terminal, plain text otherwise."""
+    """Streams an answer: a live tail + status line on a terminal, else plain text."""
 
     def __init__(self, out: Console, color: bool = False, note: str | None = None):
         self.out, self.color, self.note = out, color, note
@@ -163,7 +165,7 @@ def banner(out: Console, info: dict):
 
 
 def read_message(out: Console) -> str:
-    """One user message. A line ending in \\ continues; \"\"\" opens and closes a block."""
+    """One user message. A line ending in \\ continues; \"\"\" opens/closes a block."""
     line = out.input("[bold blue]>>> [/]") if out.is_terminal else input()
     if line.strip() == '"""':
         lines = []

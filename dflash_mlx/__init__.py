@@ -1,4 +1,5 @@
-"""DFlash speculative decoding on MLX: a block-diffusion drafter plus lossless verification.
+"""DFlash speculative decoding on MLX: a block-diffusion drafter plus lossless
+verification.
 
 Exports load lazily so that `import dflash_mlx.blas` or `dflash-mlx --help` stay fast.
 """

@@ -2,21 +2,22 @@
 
 A block of size B costs t(B) seconds (one draft forward + one target forward over B
 tokens; B = 1 is plain decoding, no drafter) and commits E(B) tokens on average, where
-E(B) = 1 + sum_{j<B} prod_{k<=j} alpha_k and alpha_k is the rate at which the k-th draft is
-accepted given the ones before it were. The policy measures both as it goes and picks
+E(B) = 1 + sum_{j<B} prod_{k<=j} alpha_k and alpha_k is the rate at which the k-th draft
+is accepted given the ones before it were. The policy measures both as it goes and picks
 the B with the most tokens per second, so a slow machine or a weak drafter falls back to
-plain decoding instead of running slower than it. Any B is lossless; only speed depends on it.
+plain decoding instead of running slower than it. Any B is lossless; only speed depends
+on it.
 
 Within a block it also decides how many drafts to verify (`cut`): verifying T tokens
-costs v(T), measured per T, and draft k is worth verifying when the tokens it is expected
-to add (the product of the drafter's confidences up to k) pay for its share of v at the
-current rate. Where v grows with T (CPUs) this skips hopeless drafts; where v is flat
-(GPUs running a big target) it keeps them all.
+costs v(T), measured per T, and draft k is worth verifying when the tokens it is
+expected to add (the product of the drafter's confidences up to k) pay for its share of
+v at the current rate. Where v grows with T (CPUs) this skips hopeless drafts; where v
+is flat (GPUs running a big target) it keeps them all.
 """
 
 
 class AdaptiveBlockSize:
-    """Picks block sizes among powers of two up to `max_size` (and `max_size` itself)."""
+    """Picks block sizes among the powers of two below `max_size`, and `max_size`."""
 
     def __init__(self, max_size: int, explore_every: int = 24, smoothing: float = 0.3):
         if max_size < 1:
@@ -60,15 +61,19 @@ class AdaptiveBlockSize:
         t = self.seconds.get(size)
         return None if t is None else self.expected_tokens(size) / t
 
+    def _timed_rate(self, size: int) -> float:
+        # only called for sizes already timed, whose rate is known
+        return self.rate(size) or 0.0
+
     def next(self, limit: int | None = None) -> int:
         """The block size to use next (never above `limit`)."""
         sizes = [s for s in self.sizes if limit is None or s <= limit] or [1]
         untried = [s for s in sizes if s not in self.seconds]
         if untried:
             return untried[-1]
-        best = max(sizes, key=lambda s: self.rate(s))
+        best = max(sizes, key=self._timed_rate)
         if self._gap and self.blocks >= self._gap:
-            # re-time another size now and then: speeds and acceptance drift with context
+            # re-time another size now and then: speed and acceptance drift with context
             self._explore_next = (self._explore_next + 1) % len(sizes)
             explored = sizes[self._explore_next]
             if explored != best:
@@ -78,7 +83,7 @@ class AdaptiveBlockSize:
 
     def _after_exploring(self, size: int):
         sizes = [s for s in self.sizes if s in self.seconds]
-        won = size == max(sizes, key=lambda s: self.rate(s))
+        won = size == max(sizes, key=self._timed_rate)
         self._gap = self.explore_every if won else min(self._gap * 2, 1024)
         self._explored = None
 
@@ -114,12 +119,12 @@ class AdaptiveBlockSize:
     @property
     def tokens_rate(self) -> float | None:
         """Recent committed tokens per second (the rate a cut must beat)."""
-        if not self._block_seconds:
+        if self._tokens is None or not self._block_seconds:
             return None
         return self._tokens / self._block_seconds
 
     def verify_cost(self, tokens: int) -> float | None:
-        """v(T) interpolated between measured sizes (flat beyond them); None if unknown."""
+        """v(T) interpolated between measured sizes (flat beyond); None if unknown."""
         known = sorted(self.verify_seconds.items())
         if len(known) < 2:
             return None
@@ -129,15 +134,17 @@ class AdaptiveBlockSize:
         return v0 if t1 == t0 else v0 + (v1 - v0) * (tokens - t0) / (t1 - t0)
 
     def cut(self, confidence: list) -> int:
-        """How many of the drafts (with the drafter's probabilities `confidence`) to verify.
+        """How many of the drafts (with the drafter's probabilities `confidence`) to
+        verify.
 
         Maximises expected tokens − rate × v(1 + k): verifying more pays only if the
         drafts are likely enough to be accepted. Until v and the rate are measured, all.
         """
         n = len(confidence)
-        costs = [self.verify_cost(t) for t in range(1, n + 2)]
+        measured = [self.verify_cost(t) for t in range(1, n + 2)]
+        costs = [c for c in measured if c is not None]
         rate = self.tokens_rate
-        if rate is None or any(c is None for c in costs):
+        if rate is None or len(costs) < len(measured):
             return n
         best_k, best = 0, 1.0 - rate * costs[0]
         expected, run = 1.0, 1.0

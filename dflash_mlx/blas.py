@@ -1,10 +1,11 @@
-"""Which BLAS MLX's CPU backend runs on, a quick matmul probe, and the switch to OpenBLAS.
+"""Which BLAS MLX's CPU backend runs on, a quick matmul probe, and the switch to
+OpenBLAS.
 
-The `mlx[cpu]` wheel for Linux bundles the reference BLAS: a 1024x1024 float32 matmul runs at
-a few GFLOP/s, so a 16-token verify forward costs ~14x a 1-token forward and speculative
-decoding cannot win. OpenBLAS preloaded with LD_PRELOAD is ~70x faster and gives identical
-outputs. `ensure_fast_blas` re-executes the CLI once with it preloaded; the library itself
-never does this.
+The `mlx[cpu]` wheel for Linux bundles the reference BLAS: a 1024x1024 float32 matmul
+runs at a few GFLOP/s, so a 16-token verify forward costs ~14x a 1-token forward and
+speculative decoding cannot win. OpenBLAS preloaded with LD_PRELOAD is ~70x faster and
+gives identical outputs. `ensure_fast_blas` re-executes the CLI once with it preloaded;
+the library itself never does this.
 """
 
 import os
@@ -33,12 +34,12 @@ def _is_openblas(path: str) -> bool:
 
 
 def loaded_libraries(maps: str = "/proc/self/maps") -> list[str]:
-    """Paths of the shared libraries mapped into this process (empty where /proc is absent)."""
+    """Paths of the shared libraries mapped into this process ([] without /proc)."""
     try:
         text = Path(maps).read_text()
     except OSError:
         return []
-    seen = {}
+    seen: dict[str, None] = {}  # an ordered set
     for line in text.splitlines():
         parts = line.split()
         if len(parts) >= 6 and ".so" in parts[-1]:
@@ -56,7 +57,7 @@ def blas_in_use(
     platform: str = sys.platform,
     environ: Mapping[str, str] = os.environ,
 ) -> dict:
-    """{'name', 'path', 'fast'}: the BLAS that MLX's CPU matmuls go through in this process."""
+    """{'name', 'path', 'fast'}: the BLAS that MLX's CPU matmuls use in this process."""
     if platform == "darwin":
         return {"name": "Accelerate", "path": None, "fast": True}
     if libraries is None:
@@ -109,7 +110,7 @@ def reexec_env(
     openblas: str | None,
     openblas_loaded: bool,
 ) -> dict | None:
-    """The environment to re-execute with so OpenBLAS is preloaded, or None to run as is."""
+    """The environment to re-execute with OpenBLAS preloaded, or None to run as is."""
     if not platform.startswith("linux") or openblas is None or openblas_loaded:
         return None
     if environ.get(NO_REEXEC, "") not in ("", "0") or REEXEC_MARKER in environ:
@@ -122,10 +123,12 @@ def reexec_env(
 
 
 def ensure_fast_blas(argv: Sequence[str] | None = None, platform: str = sys.platform):
-    """At CLI start on Linux: re-exec this command with OpenBLAS preloaded when it helps.
+    """At CLI start on Linux: re-exec this command with OpenBLAS preloaded when it
+    helps.
 
-    `argv` is the command line after the interpreter (default: this process's own). Returns
-    only when no re-exec is needed or possible; set DFLASH_MLX_NO_REEXEC=1 to opt out.
+    `argv` is the command line after the interpreter (default: this process's own).
+    Returns only when no re-exec is needed or possible; set DFLASH_MLX_NO_REEXEC=1 to
+    opt out.
     """
     loaded = any(_is_openblas(p) for p in loaded_libraries())
     env = reexec_env(os.environ, platform, find_openblas(), loaded)
@@ -163,7 +166,8 @@ def advice(
         else:
             fixes.append(
                 f"OpenBLAS is installed but not loaded in this process. The dflash-mlx "
-                f"command preloads it; for your own scripts: LD_PRELOAD={openblas} python ..."
+                "command preloads it; for your own scripts: "
+                f"LD_PRELOAD={openblas} python ..."
             )
     if gflops is not None and gflops < SLOW_GFLOPS and info["name"] != "Accelerate":
         fixes.append(

@@ -10,7 +10,7 @@ from .target import Target
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
     n = 0
-    for x, y in zip(a, b):
+    for x, y in zip(a, b, strict=False):
         if x != y:
             break
         n += 1
@@ -51,8 +51,8 @@ class PromptCache:
     @property
     def nbytes(self) -> int:
         """Memory held by the target's and the drafter's caches."""
-        arrays = tree_flatten([c.state for c in self.target + (self.draft or [])])
-        return sum(a.nbytes for _, a in arrays if isinstance(a, mx.array))
+        arrays = dict(tree_flatten([c.state for c in self.target + (self.draft or [])]))
+        return sum(a.nbytes for a in arrays.values() if isinstance(a, mx.array))
 
     def reset(self, target: Target):
         self.target = target.make_cache()
@@ -68,7 +68,7 @@ class PromptCache:
         return all(c.is_trimmable() for c in self.target)
 
     def reuse(self, target: Target, prompt: Sequence[int]) -> int:
-        """Keep the longest cached prefix of `prompt` (at least one token left to feed)."""
+        """Keep the longest cached prefix of `prompt` (at least one token stays new)."""
         keep = min(_common_prefix(self.tokens, prompt), len(prompt) - 1)
         drop = len(self.tokens) - keep
         if drop > 0:

@@ -77,7 +77,9 @@ def rope_table(dims: int, base: float, scale: float, offset: int, length: int):
     per forward of a 30-layer model); one table serves every layer of a forward."""
     half = dims // 2
     log_step = np.float32(np.log(np.float32(base))) / np.float32(half)
-    inv_freq = mx.exp(mx.arange(0, -half, -1, dtype=mx.float32) * mx.array(float(log_step)))
+    inv_freq = mx.exp(
+        mx.arange(0, -half, -1, dtype=mx.float32) * mx.array(float(log_step))
+    )
     positions = (mx.arange(length, dtype=mx.float32) + offset) * mx.array(
         scale, mx.float32
     )

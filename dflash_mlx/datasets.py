@@ -1,7 +1,8 @@
 """Benchmark prompt sets: the five bundled with the package, or a custom JSONL file.
 
-Prompts are formatted as the reference DFlash benchmark formats them (see data/SOURCES.md),
-and samples are drawn the same way (a `random.Random(seed)` shuffle, then the first N).
+Prompts are formatted as the reference DFlash benchmark formats them (see
+data/SOURCES.md), and samples are drawn the same way (a `random.Random(seed)` shuffle,
+then the first N).
 """
 
 import gzip
@@ -48,7 +49,8 @@ BUNDLED = {
         "humaneval.jsonl.gz",
         "task_id",
         lambda r: [
-            "Write a solution to the following problem and make sure that it passes the "
+            "Write a solution to the following problem and make sure that it passes "
+            "the "
             f"tests:\n```python\n{r['prompt']}\n```"
         ],
         "canonical_solution",
@@ -141,8 +143,8 @@ def select(
 
 
 def resolve(spec: str) -> list[str]:
-    """`--dataset` value → dataset names/paths: a name, `all`, a path, or a comma list."""
-    out = []
+    """`--dataset` value → names/paths: a name, `all`, a path, or a comma list."""
+    out: list[str] = []
     for part in (p.strip() for p in spec.split(",")):
         if not part:
             continue

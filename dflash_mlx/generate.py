@@ -3,14 +3,25 @@
 
 The engine knows nothing about text: it turns prompt ids into blocks of committed ids.
 Each block is one drafter forward + one target forward + an acceptance rule, built as
-one lazy graph and synced once; the previous block is handed out while it computes. A
-policy with a `cut` (block_size="auto") syncs the drafts first to verify only a prefix.
+one lazy graph and synced once; the previous block is handed out while it computes.
+
+Words in the engine, one meaning each:
+- `last`: the last committed token, whose features the target has not computed yet;
+  every block starts from it.
+- `drafted`: the block size the policy chose: `last` plus drafted - 1 masked slots the
+  drafter fills with proposals (`drafts`).
+- `keep_drafts`: the policy's optional choice (its `cut` method) of how many drafts to
+  verify, from the drafter's confidences; it costs a second sync per block.
+- `verified`: tokens the target verifies, `last` and the drafts kept (1 + kept).
+- `accepted`: drafts the target accepted; it commits them plus one token of its own.
+- `stop_at`: how many committed tokens to keep, up to and with the first stop token.
+- `reused`: prompt tokens the cache already held.
 """
 
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Union
+from collections.abc import Callable, Generator, Sequence
+from dataclasses import dataclass, field
+from typing import Union, cast
 
 import mlx.core as mx
 
@@ -36,7 +47,7 @@ class Block:
 
     tokens: list[int]
     from_draft: int  # how many of `tokens` (a prefix) were the drafter's proposals
-    block_size: int  # tokens the target verified in this step
+    block_size: int  # tokens the target verified in this step (`verified`)
     finished: bool = False  # ended on a stop token
     reused: int = 0  # prompt tokens served from the cache (first block only)
     logprobs: list[TokenLogprobs] | None = None  # one per token, when asked for
@@ -52,7 +63,8 @@ def _as_target(model, draft) -> Target:
 def _prefill(
     target: Target, draft, cache: PromptCache, ids: list[int], step: int
 ) -> mx.array:
-    """Feed `ids` through the target (and their features to the drafter); last logits."""
+    """Feed `ids` through the target (and their features to the drafter); the last
+    position's logits."""
     if step <= 0:
         raise ValueError(f"prefill_step_size must be positive, got {step}.")
     for start in range(0, len(ids), step):
@@ -76,7 +88,7 @@ def _draft(
     params: SamplingParams,
     key: mx.array | None,
 ):
-    """One drafter forward over [last, MASK...]: proposals (B-1,), their q (or None when
+    """One drafter forward over [last, MASK...]: drafts (B-1,), their q (or None when
     greedy), and the drafter's confidence per position (lazy).
 
     The confidence is the top probability of each position's distribution, a function of
@@ -93,13 +105,24 @@ def _draft(
     return (*head.to_target(tokens, q), confidence)
 
 
+def _accept(params: SamplingParams, drafts, draft_probs, logits: mx.array, key):
+    """(accepted, emitted) for the verified drafts (None: no drafts, plain decoding)."""
+    if drafts is None:
+        return mx.array(0), params.sample(logits, key)
+    if params.greedy:
+        return accept_greedy(drafts, logits)
+    if draft_probs is None:
+        raise ValueError("The drafter sampled its proposals without returning their q.")
+    return accept_sampled(drafts, draft_probs, params.probs(logits), key)
+
+
 class _Step:
     """One drafted-and-verified block in flight (lazy until `resolve`).
 
-    With a `cut` (the adaptive policy's), the drafts are evaluated first and only the
-    prefix it chooses from the drafter's confidences is verified: a second sync per
-    block, paid back where verifying fewer tokens is cheaper (CPUs). The choice depends
-    on the drafter alone, so greedy and sampled output stay exact.
+    With `keep_drafts` (the adaptive policy's `cut`), the drafts are evaluated first and
+    only the prefix it chooses from the drafter's confidences is verified: a second sync
+    per block, paid back where verifying fewer tokens is cheaper (CPUs). The choice
+    depends on the drafter alone, so greedy and sampled output stay exact.
     """
 
     def __init__(
@@ -109,56 +132,48 @@ class _Step:
         head: DraftHead | None,
         cache: PromptCache,
         last: int,
-        size: int,
+        drafted: int,
         params: SamplingParams,
         mask_id: int,
-        cut: Callable[[list], int] | None = None,
+        keep_drafts: Callable[[list], int] | None = None,
         keys: KeyStream | None = None,
         top_logprobs: int = 0,
     ):
-        self.drafted = size
+        self.drafted = drafted
         greedy = params.greedy
-        self.tape = [] if target.recurrent else None
-        block = mx.array([[last] + [mask_id] * (size - 1)])
+        self.tape: list | None = [] if target.recurrent else None
+        block = mx.array([[last] + [mask_id] * (drafted - 1)])
         drafts = draft_probs = None
-        if size > 1:
+        if drafted > 1 and head is not None:
             key = None if greedy or keys is None else keys.take()
             drafts, draft_probs, confidence = _draft(
                 target, draft, head, cache, block, params, key
             )
-            if cut is not None:
+            if keep_drafts is not None:
                 mx.eval(drafts, confidence, draft_probs)
-                keep = cut(confidence.tolist())
-                drafts = drafts[:keep]
-                draft_probs = None if draft_probs is None else draft_probs[:keep]
+                kept = keep_drafts(confidence.tolist())
+                drafts = drafts[:kept]
+                draft_probs = None if draft_probs is None else draft_probs[:kept]
         self.verify_start = time.perf_counter()
         if drafts is not None and drafts.shape[0] > 0:
-            verify_ids = mx.concatenate([block[0, :1], drafts.astype(block.dtype)])[
-                None
-            ]
+            proposed = drafts.astype(block.dtype)
+            verify_ids = mx.concatenate([block[0, :1], proposed])[None]
         else:
             drafts, verify_ids = None, block[:, :1]
-        self.size = verify_ids.shape[1]  # tokens the target verifies
+        self.verified = verify_ids.shape[1]
         hidden, self.features = target(verify_ids, cache.target, self.tape)
         logits = target.logits(hidden)[0]
         key = None if greedy or keys is None else keys.take()
-        if drafts is None:
-            n_accepted, emitted = mx.array(0), params.sample(logits, key)
-        elif greedy:
-            n_accepted, emitted = accept_greedy(drafts, logits)
-        else:
-            n_accepted, emitted = accept_sampled(
-                drafts, draft_probs, params.probs(logits), key
-            )
-        self.result = mx.concatenate([n_accepted[None].astype(emitted.dtype), emitted])
+        accepted, emitted = _accept(params, drafts, draft_probs, logits, key)
+        self.result = mx.concatenate([accepted[None].astype(emitted.dtype), emitted])
         self.logprobs = None
         if top_logprobs > 0:
             self.logprobs = token_logprobs(logits, emitted, top_logprobs)
         mx.async_eval(self.result, *(self.logprobs or ()))
 
     def resolve(self) -> tuple[int, list[int], list[TokenLogprobs] | None]:
-        """Sync: (drafts accepted, committed tokens, their log-probabilities or None)."""
-        values = self.result.tolist()
+        """Sync: (drafts accepted, committed tokens, their logprobs or None)."""
+        values = cast(list[int], self.result.tolist())
         n = values[0] + 1
         return values[0], values[1 : n + 1], _logprob_rows(self.logprobs, n)
 
@@ -168,7 +183,8 @@ def _logprob_rows(arrays, n: int) -> list[TokenLogprobs] | None:
     if arrays is None:
         return None
     chosen, ids, values = (a[:n].tolist() for a in arrays)
-    return [(c, list(zip(i, v))) for c, i, v in zip(chosen, ids, values)]
+    rows = zip(chosen, ids, values, strict=True)
+    return [(c, list(zip(i, v, strict=True))) for c, i, v in rows]
 
 
 def generate_blocks(
@@ -181,19 +197,28 @@ def generate_blocks(
     max_tokens: int,
     stop_tokens: frozenset = frozenset(),
     prefill_step_size: int = 2048,
-    stream: mx.Stream | None = None,
+    stream: "mx.Stream | mx.ThreadLocalStream | None" = None,
     *,
     seed: int | None = None,
     logprobs: int = 0,
-) -> Iterator[Block]:
+) -> Generator[Block, None, None]:
     """Yield committed blocks of token ids; the first block is the prefill's token.
 
-    `block_size` is a size or a policy with `next(limit)`/`observe(size, accepted, seconds)`.
-    `cache` is updated in place and stays consistent when the caller stops early; it
-    belongs to this generation until it ends (another live one on it is refused).
-    With a `seed`, sampling draws from this generation's own keys only. With `logprobs`
-    k >= 1, each block carries the target's log-probabilities of its tokens and top k.
+    `block_size` is a size or a policy with `next(limit)`/`observe(size, accepted,
+    seconds)` and optionally `cut(confidences)`. `cache` is updated in place and stays
+    consistent when the caller stops early; it belongs to this generation until it ends
+    (another live one on it is refused). With a `seed`, sampling draws from this
+    generation's own keys only. With `logprobs` k >= 1, each block carries the target's
+    log-probabilities of its tokens and top k.
     """
+    group = target.group
+    if group is not None:  # a sharded target: every rank makes rank 0's choices
+        from .distributed import Lockstep, shared_seed
+
+        if not isinstance(block_size, (int, FixedBlockSize)):
+            block_size = Lockstep(block_size, group)
+        if seed is None and not params.greedy:
+            seed = shared_seed(group)
     owner = object()
     cache.claim(owner)
     try:
@@ -225,48 +250,50 @@ def _blocks(
     max_tokens: int,
     stop_tokens: frozenset,
     prefill_step_size: int,
-    stream: mx.Stream | None,
+    stream: "mx.Stream | mx.ThreadLocalStream | None",
     keys: KeyStream,
     top_logprobs: int,
-) -> Iterator[Block]:
+) -> Generator[Block, None, None]:
     policy = FixedBlockSize(1) if draft is None else block_size
     if isinstance(policy, int):
         policy = FixedBlockSize(policy)
     stream = stream or mx.default_stream(mx.default_device())
     mask_id = draft.args.mask_token_id if draft is not None else 0
     head = DraftHead.for_drafter(target, draft) if draft is not None else None
-    cut_drafts = getattr(policy, "cut", None) if draft is not None else None
+    keep_drafts = getattr(policy, "cut", None) if draft is not None else None
     budget = max_tokens if max_tokens >= 0 else float("inf")
-    keep = cache.reuse(target, prompt)
+    reused = cache.reuse(target, prompt)
     with mx.stream(stream):
-        logits = _prefill(target, draft, cache, list(prompt[keep:]), prefill_step_size)
-        first = params.sample(logits, None if params.greedy else keys.take())
+        logits = _prefill(
+            target, draft, cache, list(prompt[reused:]), prefill_step_size
+        )
+        sampled = params.sample(logits, None if params.greedy else keys.take())
         rows = None
         if top_logprobs > 0:
             rows = _logprob_rows(
-                token_logprobs(logits[None], first[None], top_logprobs), 1
+                token_logprobs(logits[None], sampled[None], top_logprobs), 1
             )
-        first = first.item()
+        first = cast(int, sampled.item())
     n, last = 1, first
     done = first in stop_tokens or n >= budget
-    pending = Block([first], 0, 1, first in stop_tokens, reused=keep, logprobs=rows)
+    pending = Block([first], 0, 1, first in stop_tokens, reused=reused, logprobs=rows)
     step = None
     clock = time.perf_counter()
     try:
         while True:
             if not done:
                 with mx.stream(stream):
-                    size = policy.next(limit=int(min(budget - n, 1 << 30)))
+                    drafted = policy.next(limit=int(min(budget - n, 1 << 30)))
                     step = _Step(
                         target,
                         draft,
                         head,
                         cache,
                         last,
-                        size,
+                        drafted,
                         params,
                         mask_id,
-                        cut_drafts,
+                        keep_drafts,
                         keys,
                         top_logprobs,
                     )
@@ -277,49 +304,50 @@ def _blocks(
             away = time.perf_counter() - handed_out
             if step is None:
                 return
-            n_accepted, tokens, rows = step.resolve()
+            accepted, tokens, rows = step.resolve()
             now = time.perf_counter()
             policy.observe(
                 step.drafted,
-                n_accepted,
+                accepted,
                 now - clock - away,
-                verified=step.size,
+                verified=step.verified,
                 verify_seconds=now - max(step.verify_start, clock) - away,
             )
             clock = now
-            cut = next(
+            stop_at = next(
                 (i + 1 for i, t in enumerate(tokens) if t in stop_tokens), len(tokens)
             )
-            tokens = tokens[: int(min(cut, budget - n))]
+            tokens = tokens[: int(min(stop_at, budget - n))]
             rows = rows[: len(tokens)] if rows is not None else None
             with mx.stream(stream):
                 if draft is not None:
                     draft.absorb(step.features[:, : len(tokens)], cache.draft)
-                target.rollback(cache.target, step.tape or [], step.size, len(tokens))
+                target.rollback(
+                    cache.target, step.tape or [], step.verified, len(tokens)
+                )
             cache.tokens.append(last)
             cache.tokens.extend(tokens[:-1])
             last, n = tokens[-1], n + len(tokens)
             finished = tokens[-1] in stop_tokens
             done = finished or n >= budget
-            pending = Block(
-                tokens, min(n_accepted, len(tokens)), step.size, finished, logprobs=rows
-            )
+            from_draft = min(accepted, len(tokens))
+            pending = Block(tokens, from_draft, step.verified, finished, logprobs=rows)
             step = None
     finally:
         if step is not None:  # stopped with a block in flight: undo it entirely
             step.resolve()
-            target.rollback(cache.target, step.tape or [], step.size, 0)
+            target.rollback(cache.target, step.tape or [], step.verified, 0)
 
 
 @dataclass
 class GenerationResponse:
-    """One verified block as text and numbers (fields of `dflash.model_mlx` and mlx-lm)."""
+    """One verified block as text and numbers (the fields of `dflash.model_mlx` and
+    mlx-lm)."""
 
     text: str
     tokens: list[int]
-    accepted: (
-        int | None
-    )  # tokens this block committed (acceptance length), None for the first
+    # tokens this block committed (the acceptance length), None for the first
+    accepted: int | None
     prompt_tokens: int
     prompt_tps: float
     generation_tokens: int
@@ -329,9 +357,10 @@ class GenerationResponse:
     from_draft: int = 0  # leading tokens of `tokens` that were drafted
     block_size: int = 1  # tokens the target verified for this block
     reused_tokens: int = 0  # prompt tokens served from the prompt cache
-    logprobs: list[TokenLogprobs] | None = (
-        None  # per token, with stream_generate(logprobs=k)
-    )
+    # per token, with stream_generate(logprobs=k)
+    logprobs: list[TokenLogprobs] | None = None
+    # the text of each of `tokens` (a stop token's is ''); joined, they are `text`
+    token_texts: list[str] = field(default_factory=list)
 
     @property
     def token(self) -> int | None:
@@ -354,7 +383,8 @@ def _block_policy(block_size, draft):
     return FixedBlockSize(block_size)
 
 
-def _wrap_tokenizer(tokenizer):
+def wrap_tokenizer(tokenizer):
+    """`tokenizer` as mlx-lm's `TokenizerWrapper` (streaming detokenizer, EOS ids)."""
     from mlx_lm.tokenizer_utils import TokenizerWrapper
 
     return (
@@ -366,7 +396,7 @@ def _wrap_tokenizer(tokenizer):
 
 def encode_prompt(tokenizer, prompt: str | list | mx.array) -> list[int]:
     if isinstance(prompt, mx.array):
-        return prompt.reshape(-1).tolist()
+        return cast(list[int], prompt.reshape(-1).tolist())
     if isinstance(prompt, str):
         bos = tokenizer.bos_token
         return tokenizer.encode(
@@ -391,13 +421,16 @@ def stream_generate(
     prompt_cache: PromptCache | None = None,
     seed: int | None = None,
     logprobs: int = 0,
-) -> Iterator[GenerationResponse]:
+) -> Generator[GenerationResponse, None, None]:
     """Generate from `prompt`, yielding one response per verified block.
 
-    `block_size`: None for the drafter's, an int, or "auto" to pick, as it goes, the size
-    with the most tokens per second on this machine (1 = plain decoding when drafting does
-    not pay). `draft=None` or `block_size=1` decodes without speculation. Pass a `PromptCache`
-    (from `make_prompt_cache`) to reuse the caches of earlier calls (multi-turn chat).
+    `block_size`: None for the drafter's, an int, or "auto" to pick, as it goes, the
+    size with the most tokens per second on this machine (1 = plain decoding when
+    drafting does not pay). `draft=None` or `block_size=1` decodes without speculation.
+    Pass a `PromptCache` (from `make_prompt_cache`) to reuse the caches of earlier calls
+    (multi-turn chat). Sampling follows `mlx_lm.sample_utils.make_sampler`: top-p,
+    min-p and top-k filter the distribution at temperature 1, then the temperature
+    applies; 0 turns each filter off.
     `seed`: sample from this generation's own random keys (same seed, same output).
     `logprobs` k >= 1: each response carries, per token, the target's log-probability of
     it and its k most likely tokens.
@@ -413,7 +446,7 @@ def stream_generate(
 
         check_compatible(model, draft)
     target = _as_target(model, draft)
-    tokenizer = _wrap_tokenizer(tokenizer)
+    tokenizer = wrap_tokenizer(tokenizer)
     ids = encode_prompt(tokenizer, prompt)
     if not ids:
         raise ValueError("The prompt is empty: give at least one token.")
@@ -448,6 +481,21 @@ def stream_generate(
             blocks.close()  # roll back a block still in flight, now rather than at GC
 
 
+def _token_texts(block: Block, detokenizer, last: bool) -> list[str]:
+    """Each token's text (the stop token shows none); flushed at the last block."""
+    shown = block.tokens[:-1] if block.finished else block.tokens
+    texts = []
+    for t in shown:
+        detokenizer.add_token(t)
+        texts.append(detokenizer.last_segment)
+    if block.finished:
+        texts.append("")
+    if last:
+        detokenizer.finalize()
+        texts[max(len(shown) - 1, 0)] += detokenizer.last_segment
+    return texts
+
+
 def _responses(blocks, ids, max_tokens, detokenizer, tic):
     """Turn committed blocks into `GenerationResponse`s (text, timing, memory)."""
     n, prompt_tps, reused = 0, 0.0, 0
@@ -457,13 +505,10 @@ def _responses(blocks, ids, max_tokens, detokenizer, tic):
             prompt_tps = (len(ids) - reused) / max(time.perf_counter() - tic, 1e-9)
             tic = time.perf_counter()
         n += len(block.tokens)
-        for t in block.tokens[:-1] if block.finished else block.tokens:
-            detokenizer.add_token(t)
         last = block.finished or 0 <= max_tokens <= n
-        if last:
-            detokenizer.finalize()
+        texts = _token_texts(block, detokenizer, last)
         yield GenerationResponse(
-            text=detokenizer.last_segment,
+            text="".join(texts),
             tokens=block.tokens,
             accepted=len(block.tokens) if i else None,
             prompt_tokens=len(ids),
@@ -476,6 +521,7 @@ def _responses(blocks, ids, max_tokens, detokenizer, tic):
             block_size=block.block_size,
             reused_tokens=reused,
             logprobs=block.logprobs,
+            token_texts=texts,
         )
 
 

@@ -1,194 +1,45 @@
-"""GGUF targets: llama, qwen2 and qwen3 files read with `mx.load` into mlx-lm models.
+"""GGUF targets: llama, qwen2, qwen3, qwen3moe and gpt-oss files as mlx-lm's own models.
 
-Quantized tensors (Q4_0, Q4_1, Q8_0) arrive from `mx.load` as MLX affine triplets (uint32
-`weight`, `scales`, `biases`, group size 32); they load into quantized layers as they are, or
-are dequantized with `dequantize=True` (faster on CPU). The tokenizer and chat template are
-rebuilt from the file's metadata.
+Files whose tensors are all F32/F16/Q4_0/Q4_1/Q8_0 are read by `mx.load`; any other type
+(K-quants, IQ types, BF16, MXFP4, ...) is memory-mapped and dequantized tensor by tensor
+with llama.cpp's `gguf` package, so peak memory stays near the loaded model's size. The
+model is float (float32 on CPU) unless `quantize=4|8` asks for MLX affine quantization,
+done per tensor with the same choices as mlx-lm's `quantize_model`.
 """
 
 import importlib
-from pathlib import Path
+from typing import cast
 
 import mlx.core as mx
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3")
-GROUP_SIZE = 32
-FIX_QUANT = (
-    "Convert it to F16, Q8_0, Q4_0 or Q4_1 (llama.cpp's `llama-quantize`), "
-    "or load the safetensors version of the model."
+from .gguf_arch import (
+    ARCHITECTURES,
+    FIX_ARCH,
+    REFUSED,
+    check_architecture,
+    mlx_name,
+    model_config,
 )
+from .gguf_file import MLX_NATIVE, GGUFHeader, read_header, to_numpy
+from .gguf_tokenizer import build_tokenizer
 
-_TOP = {
-    "token_embd": "model.embed_tokens",
-    "output_norm": "model.norm",
-    "output": "lm_head",
-}
-_LAYER = {
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "attn_q_norm": "self_attn.q_norm",
-    "attn_k_norm": "self_attn.k_norm",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-}
-_SUFFIX = {"weight": "weight", "bias": "bias", "scales": "scales", "biases": "biases"}
+__all__ = [
+    "ARCHITECTURES",
+    "FIX_ARCH",
+    "REFUSED",
+    "build_tokenizer",
+    "check_architecture",
+    "load_gguf",
+    "model_config",
+    "unpermute_rows",
+]
 
-# Pre-tokenizer split patterns, by `tokenizer.ggml.pre` (as in the models' tokenizer.json).
-_LLAMA3_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_QWEN2_SPLIT = (
-    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-    r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
-)
-_SPLITS = {
-    "llama-bpe": _LLAMA3_SPLIT,
-    "llama3": _LLAMA3_SPLIT,
-    "smaug-bpe": _LLAMA3_SPLIT,
-    "qwen2": _QWEN2_SPLIT,
-    "deepseek-r1-qwen": _QWEN2_SPLIT,
-}
-CONTROL, USER_DEFINED = 3, 4
-
-
-def _value(v):
-    if isinstance(v, mx.array):
-        return v.item() if v.ndim == 0 else v.tolist()
-    return v
-
-
-def read_gguf(path) -> tuple[dict, dict]:
-    """(tensors, metadata) of a GGUF file, with a fix-it ValueError when it cannot be read."""
-    path = Path(path).expanduser()
-    if not path.is_file():
-        raise ValueError(f"GGUF file '{path}' does not exist; check the path.")
-    try:
-        weights, metadata = mx.load(str(path), return_metadata=True)
-    except Exception as e:
-        raise ValueError(
-            f"GGUF file '{path}' cannot be read by MLX ({e}). It may be corrupt, or "
-            f"use a tensor type MLX does not read. {FIX_QUANT}"
-        ) from e
-    return weights, {k: _value(v) for k, v in metadata.items()}
-
-
-def _rope_scaling(arch: str, md: dict, weights: dict, head_dim: int, theta: float):
-    kind = md.get(f"{arch}.rope.scaling.type", "none")
-    if "rope_freqs.weight" in weights:
-        return _llama3_scaling(
-            arch, md, weights.pop("rope_freqs.weight"), head_dim, theta
-        )
-    if kind == "none":
-        return None
-    factor = md.get(f"{arch}.rope.scaling.factor", 1.0)
-    if kind == "linear":
-        return {"type": "linear", "factor": factor}
-    if kind == "yarn":
-        orig = md.get(f"{arch}.rope.scaling.original_context_length")
-        return {
-            "type": "yarn",
-            "factor": factor,
-            "original_max_position_embeddings": orig,
-        }
-    raise ValueError(
-        f"GGUF rope scaling '{kind}' is not supported here (linear, yarn and "
-        "llama3 are); load the safetensors version of the model."
-    )
-
-
-def _llama3_scaling(arch, md, freqs, head_dim, theta):
-    # llama.cpp stores Llama-3 rope scaling as per-frequency factors: find the settings.
-    from mlx_lm.models.rope_utils import Llama3RoPE
-
-    orig = md.get(f"{arch}.rope.scaling.original_context_length", 8192)
-    base = theta ** (mx.arange(0, head_dim, 2) / head_dim)
-    for factor in (8.0, 32.0, 16.0, 4.0, 2.0):
-        cfg = {
-            "rope_type": "llama3",
-            "factor": factor,
-            "low_freq_factor": 1.0,
-            "high_freq_factor": 4.0,
-            "original_max_position_embeddings": orig,
-        }
-        rope = Llama3RoPE(head_dim, base=theta, scaling_config=cfg)
-        if mx.allclose(rope._freqs / base, freqs.astype(mx.float32), rtol=1e-3).item():
-            return cfg
-    raise ValueError(
-        "GGUF rope_freqs do not match Llama-3 rope scaling; load the safetensors "
-        "version of the model."
-    )
-
-
-def model_config(md: dict, weights: dict) -> dict:
-    """The mlx-lm config (Hugging Face field names) described by the GGUF metadata."""
-    arch = md.get("general.architecture")
-    if arch not in ARCHITECTURES:
-        raise ValueError(
-            f"GGUF architecture '{arch}' is not supported; GGUF targets here: "
-            f"{', '.join(ARCHITECTURES)}. Load the safetensors version instead."
-        )
-
-    def get(key, default=None):
-        v = md.get(f"{arch}.{key}", default)
-        if v is None:
-            raise ValueError(
-                f"GGUF metadata lacks '{arch}.{key}'; the file is incomplete."
-            )
-        return v
-
-    heads = get("attention.head_count")
-    kv_heads = get("attention.head_count_kv", heads)
-    if isinstance(heads, list) or isinstance(kv_heads, list):
-        raise ValueError(
-            "GGUF files with per-layer head counts are not supported here."
-        )
-    hidden = get("embedding_length")
-    head_dim = md.get(f"{arch}.attention.key_length", hidden // heads)
-    theta = float(get("rope.freq_base", 10000.0))
-    config = {
-        "model_type": arch,
-        "hidden_size": hidden,
-        "num_hidden_layers": get("block_count"),
-        "intermediate_size": get("feed_forward_length"),
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "rms_norm_eps": float(get("attention.layer_norm_rms_epsilon")),
-        "vocab_size": weights["token_embd.weight"].shape[0],
-        "max_position_embeddings": get("context_length", 4096),
-        "rope_theta": theta,
-        "rope_scaling": _rope_scaling(arch, md, weights, head_dim, theta),
-        "tie_word_embeddings": "output.weight" not in weights,
-    }
-    if arch == "llama":
-        config["attention_bias"] = "blk.0.attn_q.bias" in weights
-        config["mlp_bias"] = "blk.0.ffn_up.bias" in weights
-    return config
-
-
-def _mlx_name(name: str) -> str:
-    module, _, suffix = name.rpartition(".")
-    if suffix not in _SUFFIX:
-        raise ValueError(f"GGUF tensor '{name}' is not a known weight.")
-    if module in _TOP:
-        return f"{_TOP[module]}.{suffix}"
-    parts = module.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[2] in _LAYER:
-        return f"model.layers.{parts[1]}.{_LAYER[parts[2]]}.{suffix}"
-    raise ValueError(
-        f"GGUF tensor '{name}' has no counterpart in mlx-lm's model; this file "
-        "is not a plain llama/qwen2/qwen3 model."
-    )
+NATIVE_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
+NATIVE_GROUP = 32
 
 
 def unpermute_rows(x: mx.array, n_heads: int) -> mx.array:
-    """Undo llama.cpp's per-head Q/K row interleave; rows only, so packed rows work too."""
+    """Undo llama.cpp's per-head Q/K row interleave (rows only: packed rows work)."""
     rows = x.shape[0]
     return (
         x.reshape(n_heads, rows // n_heads // 2, 2, *x.shape[1:])
@@ -197,68 +48,158 @@ def unpermute_rows(x: mx.array, n_heads: int) -> mx.array:
     )
 
 
-def _bits(weight: mx.array, scales: mx.array) -> int:
-    bits = weight.shape[-1] * 32 // (scales.shape[-1] * GROUP_SIZE)
-    if bits not in (4, 8):
-        raise ValueError(
-            f"GGUF quantized tensor with {bits} bits is not supported. {FIX_QUANT}"
+def _quant_plan(model, header: GGUFHeader, bits: int, group_size: int) -> dict:
+    """{module path: quantization params}, chosen as mlx-lm's `quantize_model` would.
+
+    A tensor stored as Q4_0/Q4_1/Q8_0 with the requested bits keeps its exact blocks.
+    """
+    native = set()
+    if header.kinds() <= MLX_NATIVE:
+        model_type = model.args.model_type
+        native = {
+            mlx_name(t.name, model_type).rpartition(".")[0]
+            for t in header.tensors.values()
+            if NATIVE_BITS.get(t.kind) == bits and t.name != "rope_freqs.weight"
+        }
+    own = getattr(model, "quant_predicate", None)
+    plan = {}
+    for path, module in model.named_modules():
+        if not hasattr(module, "to_quantized"):
+            continue
+        if path in native:
+            plan[path] = {"group_size": NATIVE_GROUP, "bits": bits}
+            continue
+        if module.weight.shape[-1] % group_size:
+            continue
+        params = own(path, module) if own is not None else True
+        if params:
+            default = {"group_size": group_size, "bits": bits}
+            plan[path] = params if isinstance(params, dict) else default
+    return plan
+
+
+def _tensors(header: GGUFHeader):
+    """(gguf name, float array or (weight, scales, biases) triplet), one at a time."""
+    if header.kinds() <= MLX_NATIVE:
+        loaded = cast(dict[str, mx.array], mx.load(str(header.path)))
+        for name in list(loaded):
+            if not name.endswith((".scales", ".biases")):
+                w = loaded.pop(name)
+                stem = name[: -len(".weight")]
+                if f"{stem}.scales" in loaded:
+                    s, b = loaded.pop(f"{stem}.scales"), loaded.pop(f"{stem}.biases")
+                    yield name, (w, s, b)
+                else:
+                    yield name, w
+        return
+    for name, info in header.tensors.items():
+        arr = to_numpy(header.path, info)
+        yield (
+            name,
+            mx.array(arr).view(mx.bfloat16) if info.kind == "BF16" else mx.array(arr),
         )
-    return bits
 
 
 def convert_weights(
-    weights: dict,
-    config: dict,
-    dequantize: bool = False,
-    dtype: mx.Dtype | None = None,
-) -> tuple[dict, dict]:
-    """GGUF tensors -> (mlx-lm weights, {module path: bits} of modules left quantized)."""
-    out, quantized = {}, {}
-    for name, w in weights.items():
-        out[_mlx_name(name)] = w
-    if config["model_type"] == "llama":
+    header: GGUFHeader, config: dict, plan: dict, dtype: mx.Dtype
+) -> dict:
+    """mlx-lm weights: unpermuted, cast to `dtype`, quantized where `plan` says."""
+    model_type = config["model_type"]
+    heads = {}
+    if model_type == "llama":
         heads = {
             "q_proj": config["num_attention_heads"],
             "k_proj": config["num_key_value_heads"],
         }
-        for k in out:
-            proj = k.split(".")[-2]
-            if proj in heads:
-                out[k] = unpermute_rows(out[k], heads[proj])
-    for k in [k for k in out if k.endswith(".scales")]:
-        module = k[: -len(".scales")]
-        w, s, b = out[f"{module}.weight"], out.pop(k), out.pop(f"{module}.biases")
-        bits = _bits(w, s)
-        if dequantize:
-            if dtype is not None:
-                s, b = s.astype(dtype), b.astype(dtype)
-            out[f"{module}.weight"] = mx.dequantize(
-                w, s, b, group_size=GROUP_SIZE, bits=bits
+    out: dict[str, mx.array] = {}
+    for name, w in _tensors(header):
+        if name == "rope_freqs.weight":
+            continue
+        key = mlx_name(name, model_type)
+        n_heads = heads.get(key.split(".")[-2])
+        if n_heads:
+            w = (
+                tuple(unpermute_rows(a, n_heads) for a in w)
+                if isinstance(w, tuple)
+                else unpermute_rows(w, n_heads)
             )
+        if ".gate_up_proj." in key:  # fused gate/up experts: the two halves of the rows
+            halves = mx.split(
+                _float(w, dtype), 2, axis=-2 if key.endswith("weight") else -1
+            )
+            for part, half in zip(("gate_proj", "up_proj"), halves, strict=True):
+                _store(out, key.replace("gate_up_proj", part), half, plan, dtype)
         else:
-            out[f"{module}.scales"], out[f"{module}.biases"] = s, b
-            quantized[module] = bits
-    if dtype is not None:
-        out = {
-            k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
-            for k, v in out.items()
-        }
-    return out, quantized
+            _store(out, key, w, plan, dtype)
+    return out
 
 
-def build_model(config: dict, weights: dict, quantized: dict):
-    """A normal mlx-lm model instance for `config`, with `weights` loaded."""
+def _float(w, dtype: mx.Dtype) -> mx.array:
+    if not isinstance(w, tuple):
+        return w.astype(dtype)
+    wq, scales, biases = w
+    return mx.dequantize(
+        wq, scales.astype(dtype), biases.astype(dtype), NATIVE_GROUP, _bits(w)
+    )
+
+
+def _store(out: dict, key: str, w, plan: dict, dtype: mx.Dtype):
+    """Put one tensor into `out`, evaluated: as its kept blocks, quantized, or float."""
+    module = key.rpartition(".")[0]
+    spec = plan.get(module) if key.endswith(".weight") else None
+    arrays: tuple[mx.array, ...]
+    if isinstance(w, tuple) and spec == {"group_size": NATIVE_GROUP, "bits": _bits(w)}:
+        arrays = (w[0], w[1].astype(dtype), w[2].astype(dtype))
+    else:
+        w = _float(w, dtype)
+        arrays = mx.quantize(w, spec["group_size"], spec["bits"]) if spec else (w,)
+    names = [key, f"{module}.scales", f"{module}.biases"][: len(arrays)]
+    out.update(zip(names, arrays, strict=True))
+    mx.eval(*arrays)
+
+
+def _bits(triplet) -> int:
+    w, scales, _ = triplet
+    return w.shape[-1] * 32 // (scales.shape[-1] * NATIVE_GROUP)
+
+
+def float_dtype(header: GGUFHeader) -> mx.Dtype:
+    """float32 on CPU (half-precision matmuls are slow there), else the file's."""
+    if mx.default_device() == mx.cpu:
+        return mx.float32
+    kinds = header.kinds()
+    if "BF16" in kinds or "MXFP4" in kinds:
+        return mx.bfloat16
+    return mx.float16 if kinds - {"F32"} else mx.float32
+
+
+def load_gguf(
+    path,
+    quantize: int | None = None,
+    dtype: mx.Dtype | None = None,
+    group_size: int = 64,
+    dequantize: bool | None = None,
+):
+    """Load a GGUF file of an `ARCHITECTURES` family: (mlx-lm model, TokenizerWrapper).
+
+    Float weights by default (`dtype`, else `float_dtype`); `quantize=4|8` gives MLX
+    affine quantization with `group_size`. `dequantize=True` is the default and is
+    accepted for older callers.
+    """
     import mlx.nn as nn
 
+    if dequantize is False:
+        raise ValueError("load_gguf keeps no GGUF quantization: pass quantize=4 or 8.")
+    if quantize not in (None, 4, 8):
+        raise ValueError(f"quantize must be 4, 8 or None (float), got {quantize!r}.")
+    header = read_header(path)
+    config = model_config(header)
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = module.Model(module.ModelArgs.from_dict(config))
-    if quantized:
-        nn.quantize(
-            model,
-            class_predicate=lambda p, m: (
-                p in quantized and {"group_size": GROUP_SIZE, "bits": quantized[p]}
-            ),
-        )
+    plan = _quant_plan(model, header, quantize, group_size) if quantize else {}
+    if plan:
+        nn.quantize(model, class_predicate=lambda p, m: plan.get(p, False))
+    weights = convert_weights(header, config, plan, dtype or float_dtype(header))
     try:
         model.load_weights(list(weights.items()), strict=True)
     except ValueError as e:
@@ -266,102 +207,5 @@ def build_model(config: dict, weights: dict, quantized: dict):
             f"GGUF weights do not fit the model its metadata describes ({e})."
         ) from e
     model.eval()
-    mx.eval(model.parameters())
-    return model
-
-
-def build_tokenizer(md: dict):
-    """An mlx-lm TokenizerWrapper rebuilt from the GGUF tokenizer metadata (BPE, byte-level)."""
-    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
-    from tokenizers import (
-        AddedToken,
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        processors,
-    )
-    from transformers import PreTrainedTokenizerFast
-
-    kind = md.get("tokenizer.ggml.model")
-    if kind != "gpt2":
-        raise ValueError(
-            f"GGUF tokenizer model '{kind}' is not supported (byte-level BPE, "
-            "'gpt2', is); load the safetensors version of the model."
-        )
-    tokens = md["tokenizer.ggml.tokens"]
-    merges = [tuple(m.split(" ", 1)) for m in md.get("tokenizer.ggml.merges", [])]
-    types = md.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    pre = md.get("tokenizer.ggml.pre", "default")
-    tok = Tokenizer(
-        models.BPE(
-            {t: i for i, t in enumerate(tokens)},
-            merges,
-            ignore_merges=pre in ("llama-bpe", "llama3"),
-        )
-    )
-    byte_level = pre_tokenizers.ByteLevel(
-        add_prefix_space=False, use_regex=pre not in _SPLITS
-    )
-    if pre in _SPLITS:
-        split = pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated")
-        tok.pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
-    elif pre == "smollm":
-        digits = pre_tokenizers.Digits(individual_digits=True)
-        tok.pre_tokenizer = pre_tokenizers.Sequence([digits, byte_level])
-    else:
-        tok.pre_tokenizer = byte_level
-    tok.decoder = decoders.ByteLevel()
-    tok.add_tokens(
-        [
-            AddedToken(tokens[i], special=t == CONTROL, normalized=False)
-            for i, t in enumerate(types)
-            if t in (CONTROL, USER_DEFINED)
-        ]
-    )
-
-    def special(key):
-        i = md.get(f"tokenizer.ggml.{key}_token_id")
-        return (
-            (i, tokens[i]) if i is not None and 0 <= i < len(tokens) else (None, None)
-        )
-
-    bos_id, bos = special("bos")
-    if md.get("tokenizer.ggml.add_bos_token", False) and bos is not None:
-        tok.post_processor = processors.TemplateProcessing(
-            single=f"{bos} $A",
-            pair=f"{bos} $A {bos} $B",
-            special_tokens=[(bos, bos_id)],
-        )
-    fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        bos_token=bos,
-        eos_token=special("eos")[1],
-        unk_token=special("unknown")[1],
-        pad_token=special("padding")[1],
-    )
-    fast.chat_template = md.get("tokenizer.chat_template")
-    eos_ids = [special(k)[0] for k in ("eos", "eot", "eom")]
-    return TokenizerWrapper(
-        fast,
-        BPEStreamingDetokenizer,
-        eos_token_ids=[i for i in eos_ids if i is not None],
-    )
-
-
-def load_gguf(path, dequantize: bool = False, dtype: mx.Dtype | None = None):
-    """Load a llama/qwen2/qwen3 GGUF file as (mlx-lm model, TokenizerWrapper).
-
-    `dequantize=True` turns quantized tensors into plain weights, usually faster on CPU.
-    `dtype` is what floating-point weights (and quantization scales) become; by default
-    float32 on CPU, where float16 arithmetic is slow, and the file's own dtypes on a GPU.
-    """
-    weights, md = read_gguf(path)
-    config = model_config(md, weights)
-    if dtype is None and mx.default_device() == mx.cpu:
-        dtype = mx.float32
-    weights, quantized = convert_weights(weights, config, dequantize, dtype)
-    model = build_model(config, weights, quantized)
     model.name_or_path = str(path)
-    return model, build_tokenizer(md)
+    return model, build_tokenizer(header.metadata)

@@ -25,17 +25,19 @@ DRAFT_FILES = ["*.json", "*.safetensors"]
 
 
 def resolve_path(path_or_repo: str, patterns: list[str], what: str = "model") -> Path:
-    """A local folder as-is, or a Hugging Face repo id downloaded (or found in the cache)."""
+    """A local folder as-is, or a Hugging Face repo id downloaded (or cached)."""
     path = Path(path_or_repo).expanduser()
     if path.exists():
         if not path.is_dir():
             raise ValueError(
-                f"{what} path '{path}' is a file; pass the folder that holds config.json."
+                f"{what} path '{path}' is a file; pass the folder that holds "
+                "config.json."
             )
         return path
     if path_or_repo.startswith((".", "/", "~")) or path_or_repo.count("/") != 1:
         raise ValueError(
-            f"{what} '{path_or_repo}' is neither an existing folder nor a Hugging Face repo id "
+            f"{what} '{path_or_repo}' is neither an existing folder nor a Hugging Face "
+            "repo id "
             "(owner/name). Check the path or the repo id."
         )
     from huggingface_hub import snapshot_download
@@ -49,12 +51,14 @@ def resolve_path(path_or_repo: str, patterns: list[str], what: str = "model") ->
         return Path(snapshot_download(path_or_repo, allow_patterns=patterns))
     except GatedRepoError as e:
         raise ValueError(
-            f"{what} '{path_or_repo}' is gated on the Hugging Face Hub: accept its licence on "
+            f"{what} '{path_or_repo}' is gated on the Hugging Face Hub: accept its "
+            "licence on "
             "the model page and log in with `hf auth login`."
         ) from e
     except RepositoryNotFoundError as e:
         raise ValueError(
-            f"{what} '{path_or_repo}' was not found on the Hugging Face Hub. Check the repo id "
+            f"{what} '{path_or_repo}' was not found on the Hugging Face Hub. Check the "
+            "repo id "
             "(and `hf auth login` for private repos)."
         ) from e
     except (LocalEntryNotFoundError, OSError) as e:
@@ -70,7 +74,8 @@ def resolve_path(path_or_repo: str, patterns: list[str], what: str = "model") ->
             else "the Hugging Face Hub cannot be reached"
         )
         raise ValueError(
-            f"{what} '{path_or_repo}' is not in the local Hugging Face cache and {why}. "
+            f"{what} '{path_or_repo}' is not in the local Hugging Face cache and "
+            f"{why}. "
             f"Download it once with network access (`hf download {path_or_repo}`), "
             "or pass a local folder."
         ) from e
@@ -90,6 +95,14 @@ def _read_config(path: Path, what: str) -> dict:
         ) from e
 
 
+def read_safetensors(path) -> dict[str, mx.array]:
+    """`mx.load` of a .safetensors file, checked to be name -> array."""
+    weights = mx.load(str(path))
+    if not isinstance(weights, dict):
+        raise ValueError(f"'{path}' holds no named tensors: is it a .safetensors file?")
+    return weights
+
+
 def _read_weights(path: Path, what: str) -> dict:
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -99,7 +112,7 @@ def _read_weights(path: Path, what: str) -> dict:
     weights = {}
     for f in files:
         try:
-            weights.update(mx.load(str(f)))
+            weights.update(read_safetensors(f))
         except Exception as e:
             raise ValueError(
                 f"{what} weights '{f}' cannot be read ({e}); the file is corrupt "
@@ -108,9 +121,12 @@ def _read_weights(path: Path, what: str) -> dict:
     return weights
 
 
-def load(path_or_repo: str | None = None, **kwargs):
+def load(path_or_repo: str | None = None, *, distributed=None, **kwargs):
     """Load a target (model, tokenizer): a Hub id, a local folder, a .gguf file, or
-    (with no argument) the built-in default target."""
+    (with no argument) the built-in default target.
+
+    With `distributed` (a `distributed.Group`, e.g. `distributed.launched()`), this
+    rank loads its shard of the target (tensor or pipeline parallel, by mlx-lm)."""
     from mlx_lm.utils import load as mlx_lm_load
 
     if path_or_repo is None:
@@ -124,10 +140,11 @@ def load(path_or_repo: str | None = None, **kwargs):
             raise ValueError(
                 f"GGUF file '{path_or_repo}' does not exist; check the path."
             )
-        # MLX's CPU quantized matmul is slow; dequantized float32 uses the fast BLAS.
-        kwargs.setdefault("dequantize", mx.default_device() == mx.cpu)
-        model, tokenizer = load_gguf(str(Path(path_or_repo).expanduser()), **kwargs)
+        file = Path(path_or_repo).expanduser()
+        model, tokenizer = load_gguf(str(file), **kwargs)
         model.name_or_path = str(path_or_repo)
+        if distributed is not None:
+            _shard(model, distributed, file)
         return model, tokenizer
     path = resolve_path(path_or_repo, TARGET_FILES, "Target model")
     config = _read_config(path, "Target model")
@@ -135,45 +152,36 @@ def load(path_or_repo: str | None = None, **kwargs):
     text_kind = (config.get("text_config") or {}).get("model_type", kind)
     if kind not in SUPPORTED_MODEL_TYPES and text_kind not in SUPPORTED_MODEL_TYPES:
         raise ValueError(
-            f"Target '{path_or_repo}' is a '{kind}' model; DFlash targets supported here: "
+            f"Target '{path_or_repo}' is a '{kind}' model; DFlash targets supported "
+            "here: "
             f"{', '.join(SUPPORTED_MODEL_TYPES)}."
         )
     try:
-        model, tokenizer = mlx_lm_load(str(path), **kwargs)
+        model, tokenizer = mlx_lm_load(
+            str(path), lazy=distributed is not None, **kwargs
+        )
     except FileNotFoundError as e:
         raise ValueError(
             f"Target '{path_or_repo}' is incomplete ({e}); download it again."
         ) from e
     model.name_or_path = str(path_or_repo)
+    if distributed is not None:
+        _shard(model, distributed, path)
     return model, tokenizer
 
 
-def load_draft(
-    path_or_repo: str | None = None,
-    target=None,
-    *,
-    bits: int | None = None,
-    group_size: int = 64,
-    sliding_window_size: int | None = None,
-) -> draft_module.Model:
-    """Load a DFlash drafter (z-lab format; with no argument, the built-in default's).
+def _shard(model, group, source: Path):
+    """Shard a loaded target over `group` once every rank has the same files."""
+    from .distributed import file_digest, shard
 
-    With `target`, also check that it fits it. `bits` (4 or 8) quantizes its linear
-    layers; `sliding_window_size` bounds the context it keeps (speed/memory, not output).
-    """
-    if path_or_repo is None:
-        from .defaults import default_draft
+    group.check_same("target", file_digest(source))
+    shard(model, group)
+    mx.eval(model.parameters())
 
-        path_or_repo = default_draft()
-        if path_or_repo is None:
-            raise ValueError(
-                "The built-in default target has no drafter yet: pass a drafter path."
-            )
-    if bits not in (None, 2, 3, 4, 5, 6, 8):
-        raise ValueError(f"bits must be one of 2, 3, 4, 5, 6, 8 (or None), got {bits}.")
-    what = f"Drafter '{path_or_repo}'"
-    path = resolve_path(path_or_repo, DRAFT_FILES, "Drafter")
-    config = _read_config(path, what)
+
+def _drafter_args(config: dict, what: str) -> draft_module.ModelArgs:
+    """The drafter's ModelArgs from its config.json, or a ValueError saying what is
+    wrong with it."""
     arch = (config.get("architectures") or ["DFlashDraftModel"])[0]
     if arch not in draft_module.ARCHITECTURES:
         raise ValueError(
@@ -196,36 +204,27 @@ def load_draft(
         raise ValueError(
             f"{what} has sliding_attention layers but no sliding_window in config.json."
         )
-    if arch == "DFlash2DraftModel":
-        from . import dflash2
+    return args
 
-        missing = [
-            k
-            for k in (
-                "conv_kernel_size",
-                "conv_group_size",
-                "selector_rank",
-                "selector_top_k",
-            )
-            if not getattr(args, k)
-        ]
-        if missing:
-            raise ValueError(
-                f"{what} is a DFlash-2 drafter but its config lacks {missing}."
-            )
-        model = dflash2.Model(args)
-    else:
-        model = draft_module.Model(args)
-    stored_quant = config.get("quantization")
-    if stored_quant:  # an already-quantized checkpoint (mlx-community style)
-        nn.quantize(
-            model,
-            stored_quant["group_size"],
-            stored_quant["bits"],
-            class_predicate=lambda p, m: isinstance(m, nn.Linear),
+
+def _new_drafter(args: draft_module.ModelArgs, what: str) -> draft_module.Model:
+    """An untrained drafter of the config's architecture (v1, or DFlash-2)."""
+    if args.architecture != "DFlash2DraftModel":
+        return draft_module.Model(args)
+    from . import dflash2
+
+    fields = ("conv_kernel_size", "conv_group_size", "selector_rank", "selector_top_k")
+    missing = [k for k in fields if not getattr(args, k)]
+    if missing:
+        raise ValueError(
+            f"{what} is a DFlash-2 drafter but its config lacks {missing}."
         )
+    return dflash2.Model(args)
+
+
+def _load_drafter_weights(model: draft_module.Model, path: Path, what: str):
     weights = model.sanitize(_read_weights(path, what))
-    expected = {k for k, _ in tree_flatten(model.parameters())}
+    expected = set(dict(tree_flatten(model.parameters())))
     missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if missing or extra:
         raise ValueError(
@@ -236,23 +235,76 @@ def load_draft(
         model.load_weights(list(weights.items()))
     except ValueError as e:
         raise ValueError(f"{what} weights do not match its config ({e}).") from e
+
+
+def _drafter_dtype(model: draft_module.Model):
     if mx.default_device() == mx.cpu and model.dtype != mx.float32:
         model.set_dtype(mx.float32)  # MLX's CPU half-precision matmuls are ~10x slower
     elif model.dtype == mx.float16:
         # float16 activations overflow in the feature fusion (0% acceptance); bfloat16
         # has float32's range.
         model.set_dtype(mx.bfloat16)
-    if bits is not None and not stored_quant:
+
+
+def _quantize_drafter(model: draft_module.Model, bits: int, group_size: int):
+    nn.quantize(
+        model,
+        group_size,
+        bits,
+        class_predicate=lambda p, m: (
+            isinstance(m, nn.Linear)
+            and m.weight.shape[-1] % group_size == 0
+            and not p.startswith("candidate_selector")
+        ),
+    )
+
+
+def load_draft(
+    path_or_repo: str | None = None,
+    target=None,
+    *,
+    bits: int | None = None,
+    group_size: int = 64,
+    sliding_window_size: int | None = None,
+    distributed=None,
+) -> draft_module.Model:
+    """Load a DFlash drafter (z-lab format; with no argument, the built-in default's).
+
+    With `target`, also check that it fits it. `bits` (4 or 8) quantizes its linear
+    layers; `sliding_window_size` bounds the context it keeps (speed/memory, not
+    output). With `distributed` (a Group), every rank must load the same drafter
+    (each holds a full copy).
+    """
+    if path_or_repo is None:
+        from .defaults import default_draft
+
+        path_or_repo = default_draft()
+        if path_or_repo is None:
+            raise ValueError(
+                "The built-in default target has no drafter yet: pass a drafter path."
+            )
+    if bits not in (None, 2, 3, 4, 5, 6, 8):
+        raise ValueError(f"bits must be one of 2, 3, 4, 5, 6, 8 (or None), got {bits}.")
+    what = f"Drafter '{path_or_repo}'"
+    path = resolve_path(path_or_repo, DRAFT_FILES, "Drafter")
+    if distributed is not None:
+        from .distributed import file_digest
+
+        distributed.check_same("drafter", file_digest(path))
+    config = _read_config(path, what)
+    model = _new_drafter(_drafter_args(config, what), what)
+    stored_quant = config.get("quantization")
+    if stored_quant:  # an already-quantized checkpoint (mlx-community style)
         nn.quantize(
             model,
-            group_size,
-            bits,
-            class_predicate=lambda p, m: (
-                isinstance(m, nn.Linear)
-                and m.weight.shape[-1] % group_size == 0
-                and not p.startswith("candidate_selector")
-            ),
+            stored_quant["group_size"],
+            stored_quant["bits"],
+            class_predicate=lambda p, m: isinstance(m, nn.Linear),
         )
+    _load_drafter_weights(model, path, what)
+    _drafter_dtype(model)
+    if bits is not None and not stored_quant:
+        _quantize_drafter(model, bits, group_size)
     model.eval()
     model.use_kernels(for_device())
     mx.eval(model.parameters())
@@ -270,7 +322,10 @@ def check_compatible(target, draft):
     d, t = draft.args, target
     dname = getattr(draft, "name_or_path", "the drafter")
     tname = getattr(target.model, "name_or_path", f"the {t.model_type} target")
-    fix = f"use the DFlash drafter trained for {tname}, or the target {dname} was trained for"
+    fix = (
+        f"use the DFlash drafter trained for {tname}, or the target {dname} was "
+        "trained for"
+    )
     problems = []
     if d.hidden_size != t.hidden_size:
         problems.append(f"hidden size {d.hidden_size} vs {t.hidden_size}")
@@ -278,7 +333,8 @@ def check_compatible(target, draft):
         problems.append(f"vocabulary {d.vocab_size} vs {t.vocab_size}")
     if d.num_target_layers != t.num_layers:
         problems.append(
-            f"drafter expects {d.num_target_layers} target layers, target has {t.num_layers}"
+            f"drafter expects {d.num_target_layers} target layers, target has "
+            f"{t.num_layers}"
         )
     if any(not 0 <= i < t.num_layers for i in d.target_layer_ids):
         problems.append(

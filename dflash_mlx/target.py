@@ -176,6 +176,24 @@ def _snapshot(cache: ArraysCache) -> tuple:
     return list(arrays), left_padding, lengths
 
 
+def _group(model: nn.Module, inner: nn.Module):
+    """The distributed.Group a sharded target runs in, or None."""
+    from .distributed import Group, backend_name, model_group
+
+    group = model_group(model)
+    if group is None:
+        return None
+    sharding = "pipeline" if getattr(inner, "pipeline_size", 1) > 1 else "tensor"
+    return Group(group, backend_name(), sharding)
+
+
+def _config_layers(model: nn.Module) -> int:
+    args = getattr(model, "args", None)
+    args = getattr(args, "text_config", None) or args
+    value = args.get("num_hidden_layers") if isinstance(args, dict) else None
+    return int(value or getattr(args, "num_hidden_layers"))
+
+
 def _mixer(layer) -> nn.Module | None:
     """The layer's GatedDeltaNet mixer, if it is a linear-attention layer."""
     if layer is None or not getattr(layer, "is_linear", False):
@@ -215,6 +233,10 @@ class Target:
             )
         self.lm, self.inner = _text_parts(model)
         self.layers = list(self.inner.layers)
+        self.group = _group(model, self.inner)
+        if self.group is not None and self.group.sharding == "pipeline":
+            # a pipeline stage holds only its layers: the others are None or missing
+            self.layers += [None] * (_config_layers(model) - len(self.layers))
         self.feature_layer_ids = tuple(int(i) for i in feature_layer_ids)
         bad = [i for i in self.feature_layer_ids if not 0 <= i < len(self.layers)]
         if bad:
@@ -241,7 +263,7 @@ class Target:
         pending = iter(blocks or ())
         taps = [
             layer and _stand_in(layer, i, self._recording, next(pending, None))
-            for i, layer in enumerate(self.layers)
+            for i, layer in enumerate(self.inner.layers)
         ]
         return _view(self.inner, layers=taps)
 
@@ -315,10 +337,21 @@ class Target:
         recording.outputs, recording.tape = {}, tape
         try:
             hidden = self._view(tokens, cache=cache)
-            features = [recording.outputs[i] for i in self.feature_layer_ids]
+            features = self._features(recording.outputs, hidden)
         finally:
             recording.outputs, recording.tape = {}, None
-        return hidden, mx.concatenate(features, axis=-1) if features else None
+        return hidden, features
+
+    def _features(self, outputs: dict, hidden: mx.array) -> mx.array | None:
+        if not self.feature_layer_ids:
+            return None
+        if self.group is None or self.group.sharding != "pipeline":
+            return mx.concatenate([outputs[i] for i in self.feature_layer_ids], -1)
+        # each pipeline stage has the outputs of its own layers: sum the zero-padded
+        # pieces over the stages so every rank gets them all
+        zeros = mx.zeros_like(hidden)
+        parts = [outputs.get(i, zeros) for i in self.feature_layer_ids]
+        return mx.distributed.all_sum(mx.concatenate(parts, -1), group=self.group.group)
 
     def rollback(self, cache: list[Any], tape: list, processed: int, keep: int):
         """Undo the last forward of `processed` tokens except its first `keep`."""

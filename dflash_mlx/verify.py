@@ -12,7 +12,13 @@ import mlx.core as mx
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """The transform applied identically to target and draft logits before sampling."""
+    """The transform applied identically to target and draft logits before sampling.
+
+    Same semantics as `mlx_lm.sample_utils.make_sampler`, through its own filters: on
+    the log-softmax at temperature 1, top-p, then min-p, then top-k, and the temperature
+    only on what survives. 0 turns top-p, top-k and min-p off (top-p also at 1; top-k
+    also when it covers the whole vocabulary); temperature 0 is greedy.
+    """
 
     temperature: float = 0.0
     top_p: float = 1.0
@@ -22,38 +28,32 @@ class SamplingParams:
     def __post_init__(self):
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}.")
+        if not 0 <= self.top_p <= 1:
+            raise ValueError(
+                f"top_p must be in [0, 1] (0 or 1: off), got {self.top_p}."
+            )
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0 (0 disables it), got {self.top_k}.")
-        if not 0 <= self.min_p < 1:
-            raise ValueError(f"min_p must be in [0, 1), got {self.min_p}.")
+        if not 0 <= self.min_p <= 1:
+            raise ValueError(f"min_p must be in [0, 1] (0: off), got {self.min_p}.")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0
 
     def probs(self, logits: mx.array) -> mx.array:
-        """Sampling distribution over the last axis after temperature/top-k/top-p/min-p."""
-        logits = logits.astype(mx.float32) / self.temperature
-        V = logits.shape[-1]
-        if 0 < self.top_k < V:
-            kth = mx.sort(logits, axis=-1)[..., V - self.top_k, None]
-            logits = mx.where(logits >= kth, logits, -mx.inf)
-        probs = mx.softmax(logits, axis=-1)
-        if self.min_p > 0:
-            top = mx.max(probs, axis=-1, keepdims=True)
-            probs = mx.where(probs >= self.min_p * top, probs, 0)
-        if self.top_p < 1:
-            order = mx.argsort(-probs, axis=-1)
-            sorted_p = mx.take_along_axis(probs, order, axis=-1)
-            # keep the smallest prefix whose mass reaches top_p (always the top token)
-            keep_sorted = (mx.cumsum(sorted_p, axis=-1) - sorted_p) < self.top_p
-            keep = mx.put_along_axis(
-                mx.zeros_like(keep_sorted), order, keep_sorted, axis=-1
-            )
-            probs = mx.where(keep, probs, 0)
-        return probs / mx.sum(probs, axis=-1, keepdims=True)
+        """Sampling distribution over the last axis (what `make_sampler` draws from)."""
+        from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p
+
+        logprobs = logits.astype(mx.float32)
+        logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
+        if 0 < self.top_p < 1:
+            logprobs = apply_top_p(logprobs, self.top_p)
+        if self.min_p != 0:
+            logprobs = apply_min_p(logprobs, self.min_p)
+        if 0 < self.top_k < logprobs.shape[-1]:
+            logprobs = apply_top_k(logprobs, self.top_k)
+        return mx.softmax(logprobs / self.temperature, axis=-1)
 
     def sample(self, logits: mx.array, key: mx.array | None = None) -> mx.array:
         """One token per row of `logits` (argmax when greedy)."""
@@ -75,7 +75,7 @@ def _emit(drafts: mx.array, n_accepted: mx.array, last: mx.array) -> mx.array:
 
 
 def accept_greedy(drafts: mx.array, target_logits: mx.array):
-    """Longest prefix of `drafts` (n,) equal to the target's argmax over (n+1, V) logits."""
+    """Longest prefix of `drafts` (n,) equal to the argmax of target logits (n+1, V)."""
     choice = mx.argmax(target_logits, axis=-1)
     n = drafts.shape[0]
     matches = (drafts == choice[:n]).astype(mx.int32)
@@ -91,8 +91,8 @@ def accept_sampled(
 ):
     """Lossless speculative sampling (Leviathan et al.) for a parallel-drafted block.
 
-    drafts (n,) were sampled from draft_probs (n, V); target_probs is (n+1, V). Accept d_i
-    with probability min(1, p_i(d_i)/q_i(d_i)); at the first rejection draw from
+    drafts (n,) were sampled from draft_probs (n, V); target_probs is (n+1, V). Accept
+    d_i with probability min(1, p_i(d_i)/q_i(d_i)); at the first rejection draw from
     normalize(max(0, p_i - q_i)); if all are accepted draw a bonus token from p_n.
     With `key`, every draw comes from it (else from MLX's global generator).
     """
@@ -127,8 +127,9 @@ class KeyStream:
 
 
 def token_logprobs(logits: mx.array, tokens: mx.array, top: int):
-    """The target's log-probabilities (T, V) of `tokens` (T,) and its `top` (T, k) ids and
-    log-probabilities, best first: the raw distribution, before any sampling transform."""
+    """The target's log-probabilities (T, V) of `tokens` (T,) and its `top` (T, k) ids
+    and log-probabilities, best first: the raw distribution, before any sampling
+    transform."""
     logprobs = logits.astype(mx.float32)
     logprobs = logprobs - mx.logsumexp(logprobs, axis=-1, keepdims=True)
     chosen = mx.take_along_axis(logprobs, tokens[:, None], axis=-1)[:, 0]

@@ -1,39 +1,23 @@
-"""Tok/s of dflash-mlx next to the reference `dflash.model_mlx` engine, same models, same run.
+"""Tok/s of dflash-mlx next to the reference `dflash.model_mlx` engine, same models,
+same run.
 
-    python examples/engine_vs_reference.py                 # a small random qwen3 + drafter
+    python examples/engine_vs_reference.py          # a small random qwen3 + drafter
     python examples/engine_vs_reference.py --family qwen3_5 --hidden 512 --layers 8
     python examples/engine_vs_reference.py --model PATH --draft PATH
 
-Needs the reference package: `pip install --no-deps dflash==0.1.0`. With random weights the
-drafter is rarely accepted (tau ~ 1), so this measures engine overhead: one drafter forward,
-one target forward and the acceptance step per block. On Linux, say which BLAS you ran on.
+Needs the reference package: `pip install --no-deps dflash==0.1.0`. With random weights
+the drafter is rarely accepted (tau ~ 1), so this measures engine overhead: one drafter
+forward, one target forward and the acceptance step per block. On Linux, say which BLAS
+you ran on.
 """
 
 import argparse
 import json
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-
-
-def build_pair(family, hidden, layers, root):
-    import tiny
-
-    t = tiny.make_target(
-        root / "target",
-        family,
-        hidden_size=hidden,
-        intermediate_size=hidden * 3,
-        num_hidden_layers=layers,
-        vocab_size=4096,
-    )
-    d = tiny.make_draft(
-        root / "draft", t, num_layers=2, block_size=16, intermediate_size=hidden * 3
-    )
-    return str(t), str(d)
+from random_pair import make_pair
 
 
 def run(engine, model, draft, tok, prompt, max_tokens, block_size):
@@ -47,7 +31,7 @@ def run(engine, model, draft, tok, prompt, max_tokens, block_size):
     return tokens, last.generation_tps, time.perf_counter() - tic
 
 
-def main():
+def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model")
     p.add_argument("--draft")
@@ -57,68 +41,77 @@ def main():
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--block-size", type=int, default=16)
     p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args()
+    return p.parse_args()
 
+
+def load_engines(model_path, draft_path):
+    """{name: (stream_generate, model, drafter)} for both engines, and the tokenizer."""
     import dflash.model_mlx as reference
+    from mlx.utils import tree_flatten
 
     import dflash_mlx
     from dflash_mlx.bench import reference_config
+
+    ours_model, tok = dflash_mlx.load(model_path)
+    # the reference wraps its model's layers: it gets its own copy
+    ref_model, _ = dflash_mlx.load(model_path)
+    tok.eos_token_ids = set()  # random models: measure full-length generations
+    draft = dflash_mlx.load_draft(draft_path)
+    ref_draft = reference.DFlashDraftModel(reference_config(draft.args))
+    ref_draft.load_weights(list(tree_flatten(draft.parameters())))
+    engines = {
+        "dflash-mlx": (dflash_mlx.stream_generate, ours_model, draft),
+        "reference": (reference.stream_generate, ref_model, ref_draft),
+    }
+    return engines, tok
+
+
+def measure(engines, tok, args):
+    """Median tok/s per engine over alternating repeats, and their last outputs."""
+    prompt = tok.encode("Speculative decoding on Apple silicon, measured honestly: ")
+    rates = {name: [] for name in engines}
+    outputs = {}
+    for fn, m, d in engines.values():  # warm-up
+        run(fn, m, d, tok, prompt, 16, args.block_size)
+    for i in range(args.repeats):
+        order = list(engines.items())
+        for name, (fn, m, d) in order if i % 2 == 0 else order[::-1]:  # alternate
+            tokens, tps, _ = run(
+                fn, m, d, tok, prompt, args.max_tokens, args.block_size
+            )
+            rates[name].append(tps)
+            outputs[name] = tokens
+    summary = {name: round(sorted(v)[len(v) // 2], 1) for name, v in rates.items()}
+    return summary, outputs
+
+
+def main():
+    args = parse_args()
     from dflash_mlx.blas import blas_in_use
 
     with tempfile.TemporaryDirectory() as tmp:
         model_path, draft_path = args.model, args.draft
         if not model_path:
-            model_path, draft_path = build_pair(
-                args.family, args.hidden, args.layers, Path(tmp)
+            model_path, draft_path = make_pair(
+                Path(tmp), args.family, args.hidden, args.layers
             )
-        ours_model, tok = dflash_mlx.load(model_path)
-        ref_model, _ = dflash_mlx.load(
-            model_path
-        )  # the reference wraps its model's layers
-        tok.eos_token_ids = set()  # random models: measure full-length generations
-        draft = dflash_mlx.load_draft(draft_path)
-        ref_draft = reference.DFlashDraftModel(reference_config(draft.args))
-        from mlx.utils import tree_flatten
-
-        ref_draft.load_weights(list(tree_flatten(draft.parameters())))
-        engines = {
-            "dflash-mlx": (dflash_mlx.stream_generate, ours_model, draft),
-            "reference": (reference.stream_generate, ref_model, ref_draft),
-        }
-        prompt = tok.encode(
-            "Speculative decoding on Apple silicon, measured honestly: "
-        )
-        rates = {name: [] for name in engines}
-        outputs = {}
-        for name, (fn, m, d) in engines.items():  # warm-up
-            run(fn, m, d, tok, prompt, 16, args.block_size)
-        for i in range(args.repeats):
-            order = list(engines.items())
-            for name, (fn, m, d) in order if i % 2 == 0 else order[::-1]:  # alternate
-                tokens, tps, _ = run(
-                    fn, m, d, tok, prompt, args.max_tokens, args.block_size
-                )
-                rates[name].append(tps)
-                outputs[name] = tokens
-        same = outputs["dflash-mlx"] == outputs["reference"]
-        summary = {name: round(sorted(v)[len(v) // 2], 1) for name, v in rates.items()}
-        blas = blas_in_use()["name"]
-        print(f"BLAS: {blas}")
-        print(f"{'engine':<12} {'tok/s (median of %d)' % args.repeats:>22}")
-        for name, tps in summary.items():
-            print(f"{name:<12} {tps:>22.1f}")
-        print(f"identical outputs: {same}")
-        print(
-            json.dumps(
-                {
-                    "tok_s": summary,
-                    "identical": same,
-                    "blas": blas,
-                    "max_tokens": args.max_tokens,
-                    "block_size": args.block_size,
-                }
-            )
-        )
+        engines, tok = load_engines(model_path, draft_path)
+        summary, outputs = measure(engines, tok, args)
+    same = outputs["dflash-mlx"] == outputs["reference"]
+    blas = blas_in_use()["name"]
+    print(f"BLAS: {blas}")
+    print(f"{'engine':<12} {f'tok/s (median of {args.repeats})':>22}")
+    for name, tps in summary.items():
+        print(f"{name:<12} {tps:>22.1f}")
+    print(f"identical outputs: {same}")
+    record = {
+        "tok_s": summary,
+        "identical": same,
+        "blas": blas,
+        "max_tokens": args.max_tokens,
+        "block_size": args.block_size,
+    }
+    print(json.dumps(record))
 
 
 if __name__ == "__main__":

@@ -1,21 +1,22 @@
 """Peak memory against prompt length: does it grow no faster than the KV caches?
 
-    python examples/memory_vs_prompt.py [--family qwen3] [--lengths 1024,2048,4096,8192,16384]
+    python examples/memory_vs_prompt.py [--family qwen3] \\
+        [--lengths 1024,2048,4096,8192,16384]
 
-Builds a small random target + drafter (tests/tiny.py), then for each prompt length runs
-stream_generate (chunked prefill, 16 new tokens) and plain mlx-lm decoding, and reports
-both peaks, the bytes held by the target and drafter caches, and the weights, as a table
-and one JSON line. On the CPU backend the attention of a prefill chunk materializes
-chunk x context scores, in mlx-lm as here: that term is linear in the prompt too.
+Builds a small random target + drafter (random_pair.py), then for each prompt length
+runs stream_generate (chunked prefill, 16 new tokens) and plain mlx-lm decoding, and
+reports both peaks, the bytes held by the target and drafter caches, and the weights, as
+a table and one JSON line. On the CPU backend the attention of a prefill chunk
+materializes chunk x context scores, in mlx-lm as here: that term is linear in the
+prompt too.
 """
 
 import argparse
 import json
-import sys
 import tempfile
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from random_pair import make_pair
 
 
 def cache_bytes(caches) -> int:
@@ -27,6 +28,53 @@ def cache_bytes(caches) -> int:
     return total
 
 
+def weights_bytes(*models) -> int:
+    from mlx.utils import tree_flatten
+
+    return sum(v.nbytes for m in models for _, v in tree_flatten(m.parameters()))
+
+
+def measure(model, draft, tok, n: int, step: int) -> dict:
+    """Peaks of this engine and of plain mlx-lm on an n-token prompt; cache sizes."""
+    import mlx.core as mx
+    import mlx_lm
+
+    from dflash_mlx import make_prompt_cache, stream_generate
+
+    prompt = (tok.encode("All work and no play makes Jack a dull boy. ") * n)[:n]
+    cache = make_prompt_cache(model, draft)
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    ours = list(
+        stream_generate(
+            model,
+            draft,
+            tok,
+            prompt,
+            max_tokens=16,
+            prompt_cache=cache,
+            prefill_step_size=step,
+        )
+    )[-1]
+    kv = cache_bytes(cache.target) + cache_bytes(cache.draft)
+    draft_kv = cache_bytes(cache.draft)
+    del cache
+    mx.clear_cache()
+    mx.reset_peak_memory()
+    plain = list(
+        mlx_lm.stream_generate(
+            model, tok, prompt, max_tokens=16, prefill_step_size=step
+        )
+    )[-1]
+    return dict(
+        prompt=n,
+        peak_mb=round(ours.peak_memory * 1e3, 1),
+        mlx_lm_peak_mb=round(plain.peak_memory * 1e3, 1),
+        caches_mb=round(kv / 1e6, 1),
+        draft_cache_mb=round(draft_kv / 1e6, 1),
+    )
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--family", default="qwen3")
@@ -35,83 +83,40 @@ def main():
     p.add_argument("--draft-window", type=int, default=None)
     args = p.parse_args()
 
-    import mlx.core as mx
-    import mlx_lm
-    import tiny
-    from mlx.utils import tree_flatten
-
-    from dflash_mlx import load, load_draft, make_prompt_cache, stream_generate
+    from dflash_mlx import load, load_draft
 
     with tempfile.TemporaryDirectory() as tmp:
-        t = tiny.make_target(
-            Path(tmp) / "t", args.family, max_position_embeddings=32768
+        # the shapes of the measurements in docs/design-and-losslessness.md
+        t, d = make_pair(
+            Path(tmp),
+            args.family,
+            hidden=64,
+            layers=4,
+            block_size=8,
+            intermediate_size=128,
+            vocab_size=272,
+            max_position_embeddings=32768,
         )
-        d = tiny.make_draft(Path(tmp) / "d", t, max_position_embeddings=32768)
-        model, tok = load(str(t))
-        draft = load_draft(str(d), sliding_window_size=args.draft_window)
-        weights = sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-        weights += sum(v.nbytes for _, v in tree_flatten(draft.parameters()))
-        rows = []
-        for n in [int(x) for x in args.lengths.split(",")]:
-            prompt = (tok.encode("All work and no play makes Jack a dull boy. ") * n)[
-                :n
-            ]
-            cache = make_prompt_cache(model, draft)
-            mx.clear_cache()
-            mx.reset_peak_memory()
-            for r in stream_generate(
-                model,
-                draft,
-                tok,
-                prompt,
-                max_tokens=16,
-                prompt_cache=cache,
-                prefill_step_size=args.prefill_step_size,
-            ):
-                pass
-            kv = cache_bytes(cache.target) + cache_bytes(cache.draft)
-            draft_kv = cache_bytes(cache.draft)
-            del cache
-            mx.clear_cache()
-            mx.reset_peak_memory()
-            for b in mlx_lm.stream_generate(
-                model,
-                tok,
-                prompt,
-                max_tokens=16,
-                prefill_step_size=args.prefill_step_size,
-            ):
-                pass
-            rows.append(
-                dict(
-                    prompt=n,
-                    peak_mb=round(r.peak_memory * 1e3, 1),
-                    mlx_lm_peak_mb=round(b.peak_memory * 1e3, 1),
-                    caches_mb=round(kv / 1e6, 1),
-                    draft_cache_mb=round(draft_kv / 1e6, 1),
-                    weights_mb=round(weights / 1e6, 1),
-                )
-            )
-        cols = [
-            "prompt",
-            "peak_mb",
-            "mlx_lm_peak_mb",
-            "caches_mb",
-            "draft_cache_mb",
-            "weights_mb",
+        model, tok = load(t)
+        draft = load_draft(d, sliding_window_size=args.draft_window)
+        weights_mb = round(weights_bytes(model, draft) / 1e6, 1)
+        rows = [
+            {
+                **measure(model, draft, tok, n, args.prefill_step_size),
+                "weights_mb": weights_mb,
+            }
+            for n in [int(x) for x in args.lengths.split(",")]
         ]
-        print(" ".join(f"{c:>15}" for c in cols))
-        for r in rows:
-            print(" ".join(f"{r[c]:>15}" for c in cols))
-        print(
-            json.dumps(
-                {
-                    "family": args.family,
-                    "prefill_step_size": args.prefill_step_size,
-                    "rows": rows,
-                }
-            )
-        )
+    cols = list(rows[0]) if rows else []
+    print(" ".join(f"{c:>15}" for c in cols))
+    for r in rows:
+        print(" ".join(f"{r[c]:>15}" for c in cols))
+    record = {
+        "family": args.family,
+        "prefill_step_size": args.prefill_step_size,
+        "rows": rows,
+    }
+    print(json.dumps(record))
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@
     python examples/pack_default_drafter.py runs/smollm2-dflash
 
 writes dflash_mlx/drafters/smollm2-135m-instruct/{config.json, README.md,
-model.safetensors.gz}. `dflash_mlx.defaults.default_draft()` unpacks it once into the user
-cache; on a CPU the weights run in float32 again (see loading.load_draft).
+model.safetensors.gz}. `dflash_mlx.defaults.default_draft()` unpacks it once into the
+user cache; on a CPU the weights run in float32 again (see loading.load_draft).
 """
 
 import argparse

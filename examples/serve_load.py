@@ -217,8 +217,8 @@ def print_table(rows):
 
 def main():
     args = parse_args()
-    from dflash_mlx.chat import resolve_models
     from dflash_mlx.datasets import load_dataset
+    from dflash_mlx.resolve import resolve_models
 
     target, draft, _ = resolve_models(args.model, args.draft)
     counts = [int(c) for c in args.clients.split(",")]

@@ -15,7 +15,7 @@
 set -euo pipefail
 OUT=${OUT:-runs/smollm2-dflash}
 TARGET=${TARGET:-$(python -c 'from dflash_mlx.defaults import default_target; print(default_target())')}
-# Linux: the fast BLAS (see "Linux, BLAS and doctor" in README.md); harmless if absent.
+# Linux: the fast BLAS (see docs/linux-blas-doctor.md); harmless if absent.
 OPENBLAS=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0
 if [ -f "$OPENBLAS" ]; then export LD_PRELOAD="$OPENBLAS${LD_PRELOAD:+:$LD_PRELOAD}"; fi
 COMMON=(--prompts bundled:gsm8k-train --val-prompts 16 --max-new-tokens 192

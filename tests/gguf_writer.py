@@ -1,19 +1,24 @@
-"""A small GGUF writer for tests: F32/F16/Q8_0/Q4_0/Q4_1 tensors, llama.cpp naming and layout.
+"""GGUF files of tiny targets for tests, written the way llama.cpp writes them.
 
-Written from the GGUF spec, independently of dflash_mlx.gguf, so the loader is checked against
-a second implementation. Quantizers follow llama.cpp's reference (`quantize_row_*_ref`).
+The container is the `gguf` package's own `GGUFWriter`; F16/BF16/Q8_0/Q4_0/Q4_1/MXFP4
+blocks come from `gguf.quants.quantize`. It has no quantizer for K-quants and IQ types,
+so Q4_K, Q5_K, Q6_K and IQ4_XS blocks are packed here from the ggml block layouts, and
+their values are computed here too: the loader's dequantization (`gguf.quants`) is then
+checked against a second implementation.
 """
 
 import json
-import struct
 from pathlib import Path
 
+import gguf
 import mlx.core as mx
 import numpy as np
 
-TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8}
-ALIGN = 32
-
+QK = 256  # K-quant super-block
+IQ4_VALUES = np.array(
+    [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113],
+    np.float32,
+)
 _LAYER = {
     "self_attn.q_proj": "attn_q",
     "self_attn.k_proj": "attn_k",
@@ -24,12 +29,39 @@ _LAYER = {
     "mlp.gate_proj": "ffn_gate",
     "mlp.up_proj": "ffn_up",
     "mlp.down_proj": "ffn_down",
+    "mlp.gate": "ffn_gate_inp",
+    "mlp.switch_mlp.gate_proj": "ffn_gate_exps",
+    "mlp.switch_mlp.up_proj": "ffn_up_exps",
+    "mlp.switch_mlp.down_proj": "ffn_down_exps",
     "input_layernorm": "attn_norm",
     "post_attention_layernorm": "ffn_norm",
 }
+_GPT_OSS = {
+    "post_attention_layernorm": "post_attention_norm",
+    "mlp.router": "ffn_gate_inp",
+    "mlp.experts.gate_proj": "ffn_gate_exps",
+    "mlp.experts.up_proj": "ffn_up_exps",
+    "mlp.experts.down_proj": "ffn_down_exps",
+    "mlp.experts.gate_up_proj": "ffn_gate_up_exps",
+}
+_ARCH = {
+    "llama": "llama",
+    "qwen2": "qwen2",
+    "qwen3": "qwen3",
+    "qwen3_moe": "qwen3moe",
+    "gpt_oss": "gpt-oss",
+}
+_EXPERTS = ("ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_up_exps")
+# Mixes as llama.cpp makes them: (type by tensor role, type of the other matrices).
+MIXES = {
+    "Q4_K_M": ({"attn_v": "Q6_K", "ffn_down": "Q6_K", "token_embd": "Q8_0"}, "Q4_K"),
+    "MXFP4_MOE": (dict.fromkeys(_EXPERTS, "MXFP4"), "Q8_0"),
+}
 
 
-def gguf_name(name: str) -> str:
+def gguf_name(name: str, model_type: str = "llama") -> str:
+    if name.endswith(".self_attn.sinks"):
+        return f"blk.{name.split('.')[2]}.attn_sinks.weight"
     module, suffix = name.rsplit(".", 1)
     top = {
         "model.embed_tokens": "token_embd",
@@ -39,7 +71,8 @@ def gguf_name(name: str) -> str:
     if module in top:
         return f"{top[module]}.{suffix}"
     _, _, i, rest = module.split(".", 3)
-    return f"blk.{i}.{_LAYER[rest]}.{suffix}"
+    names = _LAYER | (_GPT_OSS if model_type == "gpt_oss" else {})
+    return f"blk.{i}.{names[rest]}.{suffix}"
 
 
 def permute(w: np.ndarray, n_heads: int) -> np.ndarray:
@@ -51,103 +84,154 @@ def permute(w: np.ndarray, n_heads: int) -> np.ndarray:
     )
 
 
-# --- quantizers: x (rows, cols) float32 -> (raw bytes, dequantized float32 copy) ---
+# --- block packers: x (n, 256) float32 -> (raw bytes (n, block bytes), values) ---
 
 
-def _blocks(x):
-    return x.reshape(-1, 32).astype(np.float32)
+def _f16(x):
+    return x.astype(np.float16)
 
 
-def _pack4(q):
-    return (q[:, :16] | (q[:, 16:] << 4)).astype(np.uint8)
+def _scales_and_q(b, qmax):
+    """Per 32-value sub-block x ~ D*q - M: 6-bit scales and mins under f16 d, dmin."""
+    lo, hi = np.minimum(b.min(-1), 0), b.max(-1)
+    scale, mins = (hi - lo) / qmax, -lo
+    d, dmin = _f16(scale.max(-1) / 63), _f16(mins.max(-1) / 63)
+    d32, dmin32 = d.astype(np.float32)[:, None], dmin.astype(np.float32)[:, None]
+    sc = np.clip(
+        np.round(np.divide(scale, d32, np.zeros_like(scale), where=d32 > 0)), 0, 63
+    )
+    m = np.clip(
+        np.round(np.divide(mins, dmin32, np.zeros_like(mins), where=dmin32 > 0)), 0, 63
+    )
+    big_d, big_m = (d32 * sc)[..., None], (dmin32 * m)[..., None]
+    q = np.divide(b + big_m, big_d, np.zeros_like(b), where=big_d > 0)
+    q = np.clip(np.round(q), 0, qmax).astype(np.uint8)
+    values = (big_d * q.astype(np.float32) - big_m).reshape(len(b), QK)
+    return d, dmin, sc.astype(np.uint8), m.astype(np.uint8), q, values
 
 
-def q8_0(x):
-    b = _blocks(x)
-    d = (np.abs(b).max(1) / 127).astype(np.float16)
-    inv = np.where(d > 0, 1 / d.astype(np.float32), 0)
-    q = np.round(b * inv[:, None]).astype(np.int8)
-    raw = np.concatenate([d.view(np.uint8).reshape(-1, 2), q.view(np.uint8)], 1)
-    return raw.tobytes(), (d.astype(np.float32)[:, None] * q).reshape(x.shape)
+def _pack_scales(sc, m):
+    lo = (sc[:, :4] & 63) | ((sc[:, 4:] >> 4) << 6)
+    mid = (m[:, :4] & 63) | ((m[:, 4:] >> 4) << 6)
+    hi = (sc[:, 4:] & 15) | ((m[:, 4:] & 15) << 4)
+    return np.concatenate([lo, mid, hi], 1).astype(np.uint8)
 
 
-def q4_0(x):
-    b = _blocks(x)
-    mx_ = b[np.arange(len(b)), np.abs(b).argmax(1)]
-    d = (mx_ / -8).astype(np.float16)
-    inv = np.where(d != 0, 1 / d.astype(np.float32), 0)
-    q = np.clip(np.floor(b * inv[:, None] + 8.5), 0, 15).astype(np.uint8)
-    raw = np.concatenate([d.view(np.uint8).reshape(-1, 2), _pack4(q)], 1)
-    return raw.tobytes(), (
-        d.astype(np.float32)[:, None] * (q.astype(np.float32) - 8)
-    ).reshape(x.shape)
+def _nibbles(q):  # (n, 2k, 32) -> (n, k*32): sub-block 2c low nibble, 2c+1 high nibble
+    return (q[:, 0::2] & 15 | (q[:, 1::2] & 15) << 4).reshape(len(q), -1)
 
 
-def q4_1(x):
-    b = _blocks(x)
-    lo, hi = b.min(1), b.max(1)
-    d, m = ((hi - lo) / 15).astype(np.float16), lo.astype(np.float16)
-    inv = np.where(d != 0, 1 / d.astype(np.float32), 0)
+def q4_k(x):
+    b = x.reshape(-1, 8, 32)
+    d, dmin, sc, m, q, values = _scales_and_q(b, 15)
+    head = np.concatenate(
+        [d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2)], 1
+    )
+    return np.concatenate([head, _pack_scales(sc, m), _nibbles(q)], 1), values
+
+
+def q5_k(x):
+    b = x.reshape(-1, 8, 32)
+    d, dmin, sc, m, q, values = _scales_and_q(b, 31)
+    head = np.concatenate(
+        [d.view(np.uint8).reshape(-1, 2), dmin.view(np.uint8).reshape(-1, 2)], 1
+    )
+    qh = sum(((q[:, j] >> 4) & 1) << j for j in range(8)).astype(np.uint8)
+    return np.concatenate([head, _pack_scales(sc, m), qh, _nibbles(q)], 1), values
+
+
+def q6_k(x):
+    b = x.reshape(-1, 16, 16)
+    s = np.abs(b).max(-1) / 31
+    d = _f16(s.max(-1) / 127)
+    d32 = d.astype(np.float32)[:, None]
+    sc = np.clip(
+        np.round(np.divide(s, d32, np.zeros_like(s), where=d32 > 0)), -128, 127
+    )
+    big_d = (d32 * sc)[..., None]
     q = np.clip(
-        np.floor((b - m.astype(np.float32)[:, None]) * inv[:, None] + 0.5), 0, 15
+        np.round(np.divide(b, big_d, np.zeros_like(b), where=big_d > 0)) + 32, 0, 63
     )
-    q = q.astype(np.uint8)
-    raw = np.concatenate(
-        [d.view(np.uint8).reshape(-1, 2), m.view(np.uint8).reshape(-1, 2), _pack4(q)], 1
-    )
-    deq = d.astype(np.float32)[:, None] * q + m.astype(np.float32)[:, None]
-    return raw.tobytes(), deq.reshape(x.shape)
+    values = (big_d * (q - 32)).reshape(len(b), QK)
+    q = q.astype(np.uint8).reshape(-1, 2, 128)  # two halves of 128 values
+    ql = (q[:, :, :64] & 15) | ((q[:, :, 64:] & 15) << 4)
+    qh = sum(((q[:, :, k * 32 : (k + 1) * 32] >> 4) & 3) << (2 * k) for k in range(4))
+    raw = [ql.reshape(-1, 128), qh.astype(np.uint8).reshape(-1, 64)]
+    raw += [sc.astype(np.int8).view(np.uint8), d.view(np.uint8).reshape(-1, 2)]
+    return np.concatenate(raw, 1), values
 
 
-QUANTIZERS = {"Q8_0": q8_0, "Q4_0": q4_0, "Q4_1": q4_1}
+def iq4_xs(x):
+    b = x.reshape(-1, 8, 32)
+    peak = np.take_along_axis(b, np.abs(b).argmax(-1)[..., None], -1)[..., 0]
+    s = peak / -127  # the largest value maps to the grid's -127
+    d = _f16(np.abs(s).max(-1) / 31)
+    d32 = d.astype(np.float32)[:, None]
+    ls = np.clip(np.round(np.divide(s, d32, np.zeros_like(s), where=d32 > 0)), -32, 31)
+    big_d = (d32 * ls)[..., None]
+    scaled = np.divide(b, big_d, np.zeros_like(b), where=big_d != 0)
+    q = np.abs(scaled[..., None] - IQ4_VALUES).argmin(-1).astype(np.uint8)
+    values = (big_d * IQ4_VALUES[q]).reshape(len(b), QK)
+    ls = (ls + 32).astype(np.uint8)
+    scales_h = sum(((ls[:, j].astype(np.uint16) >> 4) & 3) << (2 * j) for j in range(8))
+    scales_l = (ls[:, 0::2] & 15) | ((ls[:, 1::2] & 15) << 4)
+    qs = (q[..., :16] | (q[..., 16:] << 4)).reshape(len(b), 128)
+    raw = [
+        d.view(np.uint8).reshape(-1, 2),
+        scales_h.astype(np.uint16).view(np.uint8).reshape(-1, 2),
+    ]
+    return np.concatenate([*raw, scales_l, qs], 1), values
 
 
-# --- file format ---
+PACKERS = {"Q4_K": q4_k, "Q5_K": q5_k, "Q6_K": q6_k, "IQ4_XS": iq4_xs}
+LIBRARY = ("Q8_0", "Q4_0", "Q4_1", "BF16", "MXFP4")
 
 
-def _str(s: str) -> bytes:
-    b = s.encode()
-    return struct.pack("<Q", len(b)) + b
+def encode(w: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """(raw GGUF bytes or plain array, the float32 values they represent) of `w`."""
+    if kind == "F32":
+        return w.astype(np.float32), w.astype(np.float32)
+    if kind == "F16":
+        return w.astype(np.float16), w.astype(np.float16).astype(np.float32)
+    qtype = gguf.GGMLQuantizationType[kind]
+    if kind in PACKERS:
+        raw, values = PACKERS[kind](w.reshape(-1, QK).astype(np.float32))
+        return raw.reshape(*w.shape[:-1], -1), values.reshape(w.shape)
+    raw = gguf.quants.quantize(w.astype(np.float32), qtype)
+    return raw, gguf.quants.dequantize(raw, qtype).reshape(w.shape)
 
 
-def _kv(key, value) -> bytes:
-    out = _str(key)
-    if isinstance(value, bool):
-        return out + struct.pack("<IB", 7, value)
-    if isinstance(value, int):
-        return out + struct.pack("<II", 4, value)
-    if isinstance(value, float):
-        return out + struct.pack("<If", 6, value)
-    if isinstance(value, str):
-        return out + struct.pack("<I", 8) + _str(value)
-    if isinstance(value, list) and value and isinstance(value[0], str):
-        return (
-            out
-            + struct.pack("<IIQ", 9, 8, len(value))
-            + b"".join(_str(v) for v in value)
-        )
-    if isinstance(value, list):
-        return (
-            out
-            + struct.pack("<IIQ", 9, 5, len(value))
-            + struct.pack(f"<{len(value)}i", *value)
-        )
-    raise TypeError(f"cannot write {key}={value!r}")
+def _add_metadata(writer, md: dict):
+    for key, value in md.items():
+        if key == "general.architecture":
+            continue
+        if isinstance(value, bool):
+            writer.add_bool(key, value)
+        elif isinstance(value, int):
+            writer.add_uint32(key, value)
+        elif isinstance(value, float):
+            writer.add_float32(key, value)
+        elif isinstance(value, str):
+            writer.add_string(key, value)
+        elif isinstance(value, list):
+            writer.add_array(key, value)
+        else:
+            raise TypeError(f"cannot write {key}={value!r}")
 
 
 def write(path: Path, tensors: dict, metadata: dict):
-    """tensors: name -> (type name, raw bytes, numpy shape)."""
-    head = b"GGUF" + struct.pack("<IQQ", 3, len(tensors), len(metadata))
-    head += b"".join(_kv(k, v) for k, v in metadata.items())
-    infos, data = b"", b""
-    for name, (kind, raw, shape) in tensors.items():
-        data += b"\0" * (-len(data) % ALIGN)
-        infos += _str(name) + struct.pack("<I", len(shape))
-        infos += struct.pack(f"<{len(shape)}Q", *reversed(shape))
-        infos += struct.pack("<IQ", TYPES[kind], len(data))
-        data += raw
-    blob = head + infos
-    path.write_bytes(blob + b"\0" * (-len(blob) % ALIGN) + data)
+    """tensors: GGUF name -> (ggml type name, array from `encode`)."""
+    writer = gguf.GGUFWriter(str(path), metadata["general.architecture"])
+    _add_metadata(writer, metadata)
+    for name, (kind, data) in tensors.items():
+        if kind in ("F32", "F16"):
+            writer.add_tensor(name, data)
+        else:
+            writer.add_tensor(name, data, raw_dtype=gguf.GGMLQuantizationType[kind])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
 
 
 def tokenizer_metadata(tokenizer, pre: str) -> dict:
@@ -159,8 +243,7 @@ def tokenizer_metadata(tokenizer, pre: str) -> dict:
     tokens = [""] * (max(vocab.values()) + 1)
     for t, i in vocab.items():
         tokens[i] = t
-    for i, t in enumerate(tokens):
-        tokens[i] = t or f"[PAD{i}]"
+    tokens = [t or f"[PAD{i}]" for i, t in enumerate(tokens)]
     types = [
         3 if t in added and added[t]["special"] else 4 if t in added else 1
         for t in tokens
@@ -180,61 +263,22 @@ def tokenizer_metadata(tokenizer, pre: str) -> dict:
     return md
 
 
-def write_target(
-    target_dir: Path, out: Path, quant: str = "F32", pre: str = "gpt-2"
-) -> dict:
-    """Write the safetensors target at `target_dir` as GGUF; return the weights it represents."""
-    from transformers import AutoTokenizer
+def _kind(gname: str, w: np.ndarray, quant: str) -> str:
+    if w.ndim < 2 or ".ffn_gate_inp." in gname:
+        return "F32"  # norms, biases and the MoE router stay F32, as in llama.cpp
+    roles, default = MIXES.get(quant, ({}, quant))
+    return roles.get(gname.split(".")[-2], default)
 
-    config = json.loads((target_dir / "config.json").read_text())
-    weights = {
-        k: np.array(v.astype(mx.float32))
-        for k, v in mx.load(str(target_dir / "model.safetensors")).items()
-    }
-    arch = config["model_type"]
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    tensors, represented = {}, {}
-    for name, w in weights.items():
-        stored = w
-        if arch == "llama" and "q_proj" in name:
-            stored = permute(w, heads)
-        elif arch == "llama" and "k_proj" in name:
-            stored = permute(w, kv_heads)
-        if quant in QUANTIZERS and w.ndim == 2:
-            raw, deq_stored = QUANTIZERS[quant](stored)
-            inv = (
-                np.argsort(
-                    permute(
-                        np.arange(w.shape[0]), heads if "q_proj" in name else kv_heads
-                    )
-                )
-                if stored is not w
-                else None
-            )
-            represented[name] = deq_stored if inv is None else deq_stored[inv]
-            tensors[gguf_name(name)] = (quant, raw, w.shape)
-        elif quant == "F16" and w.ndim == 2:
-            tensors[gguf_name(name)] = (
-                "F16",
-                stored.astype(np.float16).tobytes(),
-                w.shape,
-            )
-            represented[name] = w.astype(np.float16).astype(np.float32)
-        else:
-            tensors[gguf_name(name)] = (
-                "F32",
-                stored.astype(np.float32).tobytes(),
-                w.shape,
-            )
-            represented[name] = w
+
+def _hparams(config: dict) -> dict:
+    arch = _ARCH[config["model_type"]]
     md = {
         "general.architecture": arch,
-        "general.alignment": ALIGN,
         f"{arch}.block_count": config["num_hidden_layers"],
         f"{arch}.embedding_length": config["hidden_size"],
         f"{arch}.feed_forward_length": config["intermediate_size"],
-        f"{arch}.attention.head_count": heads,
-        f"{arch}.attention.head_count_kv": kv_heads,
+        f"{arch}.attention.head_count": config["num_attention_heads"],
+        f"{arch}.attention.head_count_kv": config["num_key_value_heads"],
         f"{arch}.attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
         f"{arch}.rope.freq_base": float(config["rope_theta"]),
         f"{arch}.context_length": config["max_position_embeddings"],
@@ -242,13 +286,82 @@ def write_target(
     if "head_dim" in config:
         md[f"{arch}.attention.key_length"] = config["head_dim"]
         md[f"{arch}.attention.value_length"] = config["head_dim"]
+    if arch == "qwen3moe":
+        md[f"{arch}.expert_count"] = config["num_experts"]
+        md[f"{arch}.expert_used_count"] = config["num_experts_per_tok"]
+        md[f"{arch}.expert_feed_forward_length"] = config["moe_intermediate_size"]
+    if arch == "gpt-oss":
+        md[f"{arch}.expert_count"] = config["num_local_experts"]
+        md[f"{arch}.expert_used_count"] = config["num_experts_per_tok"]
+        md[f"{arch}.expert_feed_forward_length"] = config["intermediate_size"]
+        md[f"{arch}.attention.sliding_window"] = config["sliding_window"]
+    yarn = config.get("rope_scaling") or {}
+    if yarn.get("rope_type", yarn.get("type")) == "yarn":
+        md[f"{arch}.rope.scaling.type"] = "yarn"
+        md[f"{arch}.rope.scaling.factor"] = float(yarn["factor"])
+        orig = yarn["original_max_position_embeddings"]
+        md[f"{arch}.rope.scaling.original_context_length"] = orig
+    return md
+
+
+def _fuse_gate_up(weights: dict) -> dict:
+    """Newer llama.cpp's fused expert layout: gate rows, then up rows, in one tensor."""
+    out = dict(weights)
+    for name in [n for n in weights if ".experts.gate_proj." in n]:
+        up = out.pop(name.replace("gate_proj", "up_proj"))
+        axis = -2 if name.endswith(".weight") else -1
+        fused = np.concatenate([out.pop(name), up], axis)
+        out[name.replace("gate_proj", "gate_up_proj")] = fused
+    return out
+
+
+def write_target(
+    target_dir: Path,
+    out: Path,
+    quant: str = "F32",
+    pre: str = "gpt-2",
+    fuse_gate_up: bool = False,
+) -> dict:
+    """Write the target at `target_dir` as GGUF; return the weights it represents."""
+    from transformers import AutoTokenizer
+
+    config = json.loads((target_dir / "config.json").read_text())
+    weights = {
+        k: np.array(v.astype(mx.float32))
+        for k, v in mx.load(str(target_dir / "model.safetensors")).items()
+    }
+    heads = {
+        "q_proj": config["num_attention_heads"],
+        "k_proj": config["num_key_value_heads"],
+    }
+    if fuse_gate_up:
+        weights = _fuse_gate_up(weights)
+    tensors, represented = {}, {}
+    for name, w in weights.items():
+        gname = gguf_name(name, config["model_type"])
+        llama = config["model_type"] == "llama"
+        n_heads = heads.get(name.split(".")[-2]) if llama else None
+        stored = permute(w, n_heads) if n_heads else w
+        kind = _kind(gname, w, quant)
+        data, values = encode(stored, kind)
+        if n_heads:  # the values in HF row order
+            values = values[np.argsort(permute(np.arange(w.shape[0]), n_heads))]
+        tensors[gname] = (kind, data)
+        if ".gate_up_proj." in name:
+            axis = -2 if name.endswith(".weight") else -1
+            gate, up = np.split(values, 2, axis)
+            represented[name.replace("gate_up_proj", "gate_proj")] = gate
+            represented[name.replace("gate_up_proj", "up_proj")] = up
+        else:
+            represented[name] = values
+    md = _hparams(config)
     md.update(tokenizer_metadata(AutoTokenizer.from_pretrained(str(target_dir)), pre))
     write(out, tensors, md)
     return represented
 
 
 def save_reference(target_dir: Path, weights: dict, out: Path) -> Path:
-    """A safetensors copy of `target_dir` holding `weights` (what a GGUF file represents)."""
+    """A copy of `target_dir` holding `weights` (what a GGUF file represents)."""
     import shutil
 
     shutil.copytree(target_dir, out)

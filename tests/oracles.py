@@ -10,7 +10,7 @@ from dflash_mlx.draft import Model
 
 
 class OracleDraft(Model):
-    """Proposes `reference[pos+1:pos+L]`, wrong where `wrong(offset_in_block, position)`."""
+    """Proposes `reference[pos+1:pos+L]`; wrong where `wrong(offset_in_block, pos)`."""
 
     def __init__(self, args, reference, wrong=lambda k, i: False):
         super().__init__(args)

@@ -1,14 +1,14 @@
 """The adaptive block size: picks what is fastest here, stays lossless."""
 
 import pytest
+from lossless import long_prompt, plain, spec
 from oracles import OracleDraft
-from test_generate import long_prompt, plain, spec
 
 from dflash_mlx.adaptive import AdaptiveBlockSize, FixedBlockSize
 
 
 def simulate(policy, accept_rate, cost, blocks=300):
-    """Feed the policy blocks whose drafts are accepted with `accept_rate` each, in order."""
+    """Feed the policy blocks whose drafts are each accepted with `accept_rate`."""
     import random
 
     rng = random.Random(0)
@@ -77,7 +77,7 @@ def test_fixed_block_size():
 
 
 def oracle_case(tiny_pair, family, wrong):
-    """(model, tokenizer, drafter, prompt, plain greedy reference, oracle wrong at `wrong`)."""
+    """(model, tokenizer, drafter, prompt, greedy tokens, oracle wrong at `wrong`)."""
     from dflash_mlx import load, load_draft
 
     t, d = tiny_pair(family)

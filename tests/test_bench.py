@@ -115,7 +115,7 @@ def test_all_datasets_two_samples_json_schema(pair, tmp_path):
     ]
     assert ENV_KEYS <= set(report["environment"])
     records = report["records"]
-    # 2 samples × 4 one-turn sets + 2 × 2 mt-bench turns = 12 turns, each baseline + dflash
+    # 2 samples × 4 one-turn sets + 2 × 2 mt-bench turns = 12 turns, baseline + dflash
     assert len(records) == 24
     assert all(set(r) == RECORD_KEYS for r in records)
     assert {
@@ -303,7 +303,7 @@ def test_reference_engine_side_by_side(pair):
     )
     assert result.exit_code == 0, result.output
     rows = json.loads(lines[-1])["rows"]
-    # auto for this package, plus the drafter's own size for both (the reference has no auto)
+    # auto for this package, the drafter's size for both (the reference has no auto)
     assert [(r["engine"], r["block_size"]) for r in rows] == [
         ("dflash", "auto"),
         ("dflash", 8),
@@ -395,6 +395,7 @@ def test_plot_writes_a_png(tmp_path):
     records = [
         _record("baseline", 1, [], 10.0),
         _record("dflash", 4, [4, 2], 20.0, lossless=True),
+        _record("dflash", "auto", [3, 1, 5], 25.0, lossless=True),
     ]
     path = tmp_path / "bench.png"
     bench.write_plot(records, bench.summarize(records), path)

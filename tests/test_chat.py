@@ -1,21 +1,14 @@
-"""ChatSession: templates, thinking, cache reuse across turns, interrupts, commands, transcripts."""
+"""ChatSession: templates, thinking, cache reuse, interrupts, commands, transcripts."""
 
 import json
-import sys
-import types
 
 import pytest
 import tiny
 
 from dflash_mlx import load, load_draft
-from dflash_mlx.chat import (
-    ChatSession,
-    Piece,
-    Settings,
-    _Splitter,
-    resolve_models,
-    split_thinking,
-)
+from dflash_mlx.chat import ChatSession, Piece, Settings
+from dflash_mlx.chat.turn import ThinkTracker
+from dflash_mlx.conversation import split_thinking
 from dflash_mlx.generate import GenerationResponse
 
 
@@ -196,51 +189,68 @@ def test_draft_commands_without_a_drafter(pair):
     assert s.turns[0].mode == "plain"
 
 
-class _Tok:
-    """Just enough tokenizer for _Splitter: one id per string."""
-
-    def __init__(self, vocab):
-        self.vocab = vocab
-
-    @property
-    def detokenizer(self):
-        outer = self
-
-        class D:
-            last_segment = ""
-
-            def add_token(self, t):
-                self.last_segment = outer.vocab[t]
-
-            def finalize(self):
-                self.last_segment = ""
-
-        return D()
-
-
-def response(tokens, from_draft, finish=None):
+def response(texts, from_draft, finish=None):
+    tokens = list(range(len(texts)))
     return GenerationResponse(
-        "", tokens, len(tokens), 1, 1.0, 1, 1.0, 0.0, finish, from_draft
+        "".join(texts),
+        tokens,
+        len(tokens),
+        1,
+        1.0,
+        1,
+        1.0,
+        0.0,
+        finish,
+        from_draft,
+        token_texts=texts,
     )
 
 
-def test_splitter_marks_drafted_tokens_and_thinking():
-    tok = _Tok({0: "<think>", 1: "hm", 2: "</think>", 3: "Hi", 4: "!", 5: "<eos>"})
-    sp = _Splitter(tok, thinking=False)
-    assert sp.split(response([0, 1], 1)) == [
+def test_pieces_mark_drafted_tokens_and_thinking():
+    tracker = ThinkTracker(thinking=False)
+    assert tracker.pieces(response(["<think>", "hm"], 1)) == [
         Piece("<think>", True, True),
         Piece("hm", False, True),
     ]
-    assert sp.split(response([2, 3, 4], 2)) == [
+    assert tracker.pieces(response(["</think>", "Hi", "!"], 2)) == [
         Piece("</think>", True, True),
         Piece("Hi", True, False),
         Piece("!", False, False),
     ]
-    assert sp.split(response([4, 5], 1, "stop")) == [
-        Piece("!", True, False)
-    ]  # EOS not shown
-    sp = _Splitter(tok, thinking=True)  # the template opened <think> in the prompt
-    assert sp.split(response([1, 2, 3], 0))[0] == Piece("hm", False, True)
+    # a stop token has no text and makes no piece
+    assert tracker.pieces(response(["!", ""], 1, "stop")) == [Piece("!", True, False)]
+    # one token's text holding a whole <think>...</think> and the answer after it
+    assert ThinkTracker(False).pieces(response(["<think>a</think>b"], 0)) == [
+        Piece("<think>", False, True),
+        Piece("a</think>", False, True),
+        Piece("b", False, False),
+    ]
+    tracker = ThinkTracker(thinking=True)  # the template opened <think> in the prompt
+    assert tracker.pieces(response(["hm", "</think>", "Hi"], 0))[0] == Piece(
+        "hm", False, True
+    )
+
+
+def test_token_texts_join_to_the_response_text(pair):
+    model, tokenizer, draft = pair
+    from dflash_mlx import stream_generate
+
+    responses = list(
+        stream_generate(model, draft, tokenizer, "héllo wörld", max_tokens=20)
+    )
+    for r in responses:
+        assert len(r.token_texts) == len(r.tokens)
+        assert "".join(r.token_texts) == r.text
+    # the same text as mlx-lm's streaming detokenizer fed the same tokens one by one
+    detokenizer = tokenizer.detokenizer
+    streamed = []
+    for t in [t for r in responses for t in r.tokens]:
+        if t not in tokenizer.eos_token_ids:
+            detokenizer.add_token(t)
+            streamed.append(detokenizer.last_segment)
+    detokenizer.finalize()
+    streamed.append(detokenizer.last_segment)
+    assert "".join(r.text for r in responses) == "".join(streamed)
 
 
 def test_split_thinking():
@@ -276,30 +286,3 @@ def test_qwen3_template_thinking_switch(models_dir):
 
 def test_byte_template_has_no_thinking_switch(pair):
     assert not session(pair).thinking_supported
-
-
-def test_resolve_models_with_registry(monkeypatch):
-    reg = types.ModuleType("dflash_mlx.registry")
-    reg.drafter_for = lambda target: {"org/T": "org/T-DFlash"}.get(target)
-    monkeypatch.setitem(sys.modules, "dflash_mlx.registry", reg)
-    assert resolve_models("org/T", None) == ("org/T", "org/T-DFlash", None)
-    assert resolve_models("org/T", "my/draft") == ("org/T", "my/draft", None)
-    assert resolve_models("org/U", None) == (
-        "org/U",
-        None,
-        "no drafter: plain decoding; pass --draft",
-    )
-    assert resolve_models("org/T", None, no_draft=True)[1] is None
-
-
-def test_resolve_models_default(monkeypatch):
-    monkeypatch.setitem(sys.modules, "dflash_mlx.defaults", None)  # not built yet
-    with pytest.raises(ValueError, match="--model"):
-        resolve_models(None, None)
-    fake = types.ModuleType("dflash_mlx.defaults")
-    fake.default_target, fake.default_draft = (
-        (lambda: "org/Default"),
-        (lambda: "org/Default-D"),
-    )
-    monkeypatch.setitem(sys.modules, "dflash_mlx.defaults", fake)
-    assert resolve_models(None, None) == ("org/Default", "org/Default-D", None)

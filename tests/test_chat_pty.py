@@ -1,4 +1,4 @@
-"""`dflash-mlx chat` driven in a real pseudo-terminal: live view, Ctrl-C, slash commands, exits."""
+"""`dflash-mlx chat` in a real pseudo-terminal: live view, Ctrl-C, commands, exits."""
 
 import json
 import os
@@ -42,7 +42,7 @@ def command(child, line, expected):
 def test_chat_session_in_a_terminal(paths, tmp_path):
     t, d = paths
     child = spawn("-m", t, "-d", d, "-n", 2000)
-    # a long answer: the live status line shows, then Ctrl-C stops it and the chat goes on
+    # a long answer: the live status line shows, Ctrl-C stops it, the chat goes on
     child.sendline("hello, who are you?")
     child.expect(r"DFlash auto.*tok/s.*τ \d+\.\d\d \(last \d+\)")
     child.sendcontrol("c")

@@ -1,4 +1,4 @@
-"""`dflash-mlx generate` (and the chat without a terminal) through the real Typer command."""
+"""`dflash-mlx generate` (and the chat without a terminal) through the real command."""
 
 import json
 

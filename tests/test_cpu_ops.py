@@ -89,7 +89,7 @@ def test_without_a_compiler_everything_is_mlx_own(models_dir, monkeypatch):
 
 
 def test_long_query_blocks_keep_mlx_kernel():
-    """Prefill chunks go to MLX's kernel: ours holds several (T, S) score arrays at once."""
+    """Prefill chunks go to MLX's kernel: ours holds several (T, S) score arrays."""
     T = cpu_ops.MAX_QUERY_ROWS + 1
     q, k = mx.random.normal((1, 2, T, 8)), mx.random.normal((1, 1, T + 3, 8))
     mask = _masks(T, T + 3)["causal"]

@@ -41,7 +41,8 @@ def test_formats_match_the_reference_benchmark():
     assert set(map(int, mb)) <= set(range(11, 511)) and "2" not in mb
     assert (
         mb["11"].turns[0]
-        == "Write a python function to remove first and last occurrence of a given character from the string."
+        == "Write a python function to remove first and last occurrence of a given "
+        "character from the string."
     )
     mt = {s.id: s for s in ds.load_dataset("mt-bench")}["81"]
     assert mt.turns[0].startswith(

@@ -3,8 +3,9 @@
 import mlx.core as mx
 import pytest
 import tiny
+from lossless import long_prompt, plain, spec
 from mlx.utils import tree_flatten
-from test_generate import long_prompt, plain, spec
+from reference_drafter import reference_draft
 
 from dflash_mlx import SamplingParams, Target, load, load_draft, stream_generate
 from dflash_mlx.dflash2 import Model as DFlash2
@@ -31,8 +32,6 @@ def pair(models_dir):
 
 
 def reference_v2(draft):
-    from test_reference import reference_draft
-
     return reference_draft(draft, ref.DFlash2DraftModel)
 
 

@@ -1,4 +1,4 @@
-"""Draft vocabularies: the drafter scores only some tokens, and output stays lossless."""
+"""Draft vocabularies: the drafter scores only some tokens; output stays lossless."""
 
 import json
 
@@ -6,9 +6,9 @@ import mlx.core as mx
 import numpy as np
 import pytest
 import tiny
+from chisquare import chi2, chi2_critical
+from lossless import plain, spec
 from mlx.utils import tree_flatten, tree_map
-from test_generate import plain, spec
-from test_verify import chi2, chi2_critical
 
 from dflash_mlx import SamplingParams, load, load_draft, stream_generate
 from dflash_mlx.draft import Model
@@ -50,7 +50,7 @@ def test_head_rows_equal_the_full_head(pair, tmp_path, quantized):
 
 
 class VocabOracle(Model):
-    """Proposes the true continuation where the draft vocabulary holds it, index 0 elsewhere."""
+    """Proposes the true continuation where the draft vocabulary has it, else 0."""
 
     def __init__(self, args, reference):
         super().__init__(args)

@@ -4,13 +4,12 @@ import mlx.core as mx
 import mlx_lm
 import pytest
 import tiny
+from lossless import PROMPTS, long_prompt, oracle, plain, spec
 from mlx.utils import tree_flatten
-from oracles import OracleDraft
 
 from dflash_mlx import load, load_draft, make_prompt_cache, stream_generate
 
 FAMILIES = list(tiny.FAMILIES)
-PROMPTS = ["hello world, this is a test", "1, 2, 3, 4,", "The quick brown fox"]
 
 
 @pytest.fixture(scope="module")
@@ -25,33 +24,6 @@ def loaded(tiny_pair):
         return cache[family]
 
     return get
-
-
-def plain(model, tok, prompt, max_tokens):
-    return [
-        r.token
-        for r in mlx_lm.stream_generate(model, tok, prompt, max_tokens=max_tokens)
-    ]
-
-
-def long_prompt(model, tok, n=40):
-    """A prompt whose greedy continuation runs n tokens without hitting EOS."""
-    for text in PROMPTS + ["Once upon a time", "abc abc abc", "def f(x):"]:
-        ids = tok.encode(text)
-        if len(plain(model, tok, ids, n)) == n:
-            return ids
-    raise AssertionError("no long prompt for this tiny model")
-
-
-def spec(model, draft, tok, prompt, **kw):
-    responses = list(stream_generate(model, draft, tok, prompt, **kw))
-    return [t for r in responses for t in r.tokens], responses
-
-
-def oracle(draft, reference, wrong=lambda k, i: False):
-    o = OracleDraft(draft.args, reference, wrong)
-    o.update(draft.parameters())
-    return o
 
 
 @pytest.mark.parametrize("family", FAMILIES)
@@ -189,7 +161,7 @@ def test_interrupted_generation_leaves_a_consistent_cache(loaded, family):
     gen = stream_generate(
         model, drafter, tok, prompt, max_tokens=40, block_size=8, prompt_cache=cache
     )
-    got = [t for _, r in zip(range(3), gen) for t in r.tokens]
+    got = [t for _, r in zip(range(3), gen, strict=False) for t in r.tokens]
     gen.close()
     assert cache.tokens == prompt + got[:-1]
     assert all(c.offset == len(cache.tokens) for c in cache.draft)
@@ -217,5 +189,5 @@ def test_weights_unchanged_by_generation(loaded):
     layers = list(model.layers)
     list(stream_generate(model, draft, tok, PROMPTS[0], max_tokens=6))
     assert list(model.layers) == layers
-    assert all(type(l).__module__.startswith("mlx_lm") for l in model.layers)
+    assert all(type(x).__module__.startswith("mlx_lm") for x in model.layers)
     assert {k for k, _ in tree_flatten(model.parameters())} == set(before)

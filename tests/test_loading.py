@@ -1,4 +1,4 @@
-"""Loading errors are ValueErrors that name the models and say how to fix the problem."""
+"""Loading errors are ValueErrors that name the models and say how to fix them."""
 
 import json
 import shutil

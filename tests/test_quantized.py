@@ -4,8 +4,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 import tiny
+from lossless import long_prompt, plain, spec
 from oracles import OracleDraft
-from test_generate import long_prompt, plain, spec
 
 from dflash_mlx import load, load_draft
 from dflash_mlx.draft import WindowedKVCache
@@ -78,7 +78,7 @@ def test_stored_quantized_draft_checkpoint(tmp_path, tiny_pair):
     (q / "config.json").write_text(json.dumps(config))
     again = load_draft(str(q))
     for (k1, v1), (k2, v2) in zip(
-        tree_flatten(quant.parameters()), tree_flatten(again.parameters())
+        tree_flatten(quant.parameters()), tree_flatten(again.parameters()), strict=True
     ):
         assert k1 == k2 and mx.array_equal(v1, v2)
     shutil.rmtree(q)
@@ -92,7 +92,7 @@ def test_float16_draft_never_runs_in_float16(tmp_path, tiny_pair):
         str(d / "model.safetensors"), {k: v.astype(mx.float16) for k, v in w.items()}
     )
     draft = load_draft(str(d))
-    # bfloat16 on a GPU (float16 overflows), float32 on the CPU (half precision is slow there)
+    # bfloat16 on a GPU (float16 overflows), float32 on the CPU (half precision is slow)
     assert draft.dtype == (mx.float32 if mx.default_device() == mx.cpu else mx.bfloat16)
     model, tok = load(str(t))
     model.set_dtype(mx.float16)

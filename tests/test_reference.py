@@ -3,20 +3,12 @@
 import mlx.core as mx
 import pytest
 import tiny
-from mlx.utils import tree_flatten
 from oracles import OracleDraft, proposal_logits
+from reference_drafter import reference_draft
 
 from dflash_mlx import Target, load, load_draft, stream_generate
 
 ref = pytest.importorskip("dflash.model_mlx")  # installed by the test extra
-
-
-def reference_draft(draft, cls=None):
-    from dflash_mlx.bench import reference_config
-
-    model = (cls or ref.DFlashDraftModel)(reference_config(draft.args))
-    model.load_weights(list(tree_flatten(draft.parameters())))
-    return model
 
 
 VARIANTS = {

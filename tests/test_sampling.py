@@ -1,9 +1,9 @@
-"""End to end: speculative sampling through stream_generate has the target's distribution."""
+"""End to end: speculative sampling in stream_generate has the target's distribution."""
 
 import mlx.core as mx
 import numpy as np
 import pytest
-from test_verify import chi2, chi2_critical
+from chisquare import chi2, chi2_critical
 
 from dflash_mlx import SamplingParams, load, load_draft, stream_generate
 from dflash_mlx.draft import Model

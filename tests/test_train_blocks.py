@@ -1,4 +1,4 @@
-"""Anchors, block inputs, loss weights, the packed mask, and packed forward == inference."""
+"""Anchors, block inputs, loss weights, the packed mask; packed forward == inference."""
 
 import math
 

@@ -1,26 +1,11 @@
-"""Acceptance rules: greedy prefix match, and lossless speculative sampling (statistically)."""
-
-import math
+"""Acceptance rules: greedy prefix match, lossless speculative sampling (statistics)."""
 
 import mlx.core as mx
 import numpy as np
 import pytest
+from chisquare import chi2, chi2_critical
 
 from dflash_mlx.verify import SamplingParams, accept_greedy, accept_sampled
-
-
-def chi2_critical(dof, z=3.09):
-    """Wilson-Hilferty approximation of the chi-square quantile (z=3.09: p = 0.001)."""
-    return dof * (1 - 2 / (9 * dof) + z * math.sqrt(2 / (9 * dof))) ** 3
-
-
-def chi2(counts, probs):
-    counts, probs = np.asarray(counts, float), np.asarray(probs, float)
-    keep = probs > 0
-    assert counts[~keep].sum() == 0, "a token with zero probability was produced"
-    n = counts.sum()
-    stat = ((counts[keep] - n * probs[keep]) ** 2 / (n * probs[keep])).sum()
-    return stat, keep.sum() - 1
 
 
 def test_greedy_prefix():
@@ -95,14 +80,88 @@ def test_sampling_transform():
     assert np.allclose(np.array(probs), [expected / expected.sum()], atol=1e-6)
 
 
+def test_filters_come_before_the_temperature():
+    """As in mlx-lm: top-p picks its tokens at temperature 1 (at temperature 2 first,
+    three tokens would reach 0.7), then the temperature reshapes what is left."""
+    logits = mx.log(mx.array([0.5, 0.25, 0.15, 0.1]))
+    probs = SamplingParams(temperature=2.0, top_p=0.7).probs(logits)
+    kept = np.sqrt([0.5, 0.25])
+    assert np.allclose(np.array(probs), [*(kept / kept.sum()), 0, 0], atol=1e-6)
+
+
+def test_zero_turns_each_filter_off():
+    logits = mx.log(mx.array([0.5, 0.25, 0.15, 0.1]))
+    full = np.array(SamplingParams(temperature=0.8).probs(logits))
+    for off in (dict(top_p=0.0), dict(top_p=1.0), dict(top_k=0), dict(top_k=4)):
+        got = SamplingParams(temperature=0.8, min_p=0.0, **off).probs(logits)
+        assert np.allclose(np.array(got), full, atol=1e-6), off
+    assert (full > 0).all()
+
+
+# Logits with no ties, so every filter keeps a well-defined set of tokens.
+LOGITS = np.array([2.1, -0.3, 1.4, 0.2, -1.7, 0.9, -0.8, 1.1, -2.5, 0.5, -0.1, 1.8])
+MAKE_SAMPLER_CASES = [
+    dict(temp=0.7, top_p=0.8),
+    dict(temp=1.5, min_p=0.1),
+    dict(temp=0.8, top_k=4),
+    dict(temp=1.3, top_p=0.9, min_p=0.05, top_k=5),
+    dict(temp=2.0, top_p=0.6, top_k=3),
+    dict(temp=1.0, top_p=0.0, min_p=0.0, top_k=0),
+]
+
+
+def _ours(case):
+    return SamplingParams(
+        temperature=case["temp"],
+        top_p=case.get("top_p", 1.0),
+        top_k=case.get("top_k", 0),
+        min_p=case.get("min_p", 0.0),
+    )
+
+
+@pytest.mark.parametrize("case", MAKE_SAMPLER_CASES)
+def test_distribution_equals_mlx_lm_make_sampler(case):
+    """mlx-lm's sampler, drawn many times on the same logits, has our distribution."""
+    from mlx_lm.sample_utils import make_sampler
+
+    logits = mx.array(LOGITS, mx.float32)
+    probs = np.array(_ours(case).probs(logits[None])[0])
+    n = 60_000
+    logprobs = logits - mx.logsumexp(logits)
+    mx.random.seed(5)
+    draws = make_sampler(**case)(mx.broadcast_to(logprobs, (n, LOGITS.size)))
+    counts = np.bincount(np.array(draws), minlength=LOGITS.size)
+    stat, dof = chi2(counts, probs)
+    assert stat < chi2_critical(dof), (stat, counts, probs)
+    # the same tokens survive: every token we keep shows up in mlx-lm's draws
+    assert set(np.flatnonzero(counts)) == set(np.flatnonzero(probs > 0))
+
+
+@pytest.mark.parametrize("case", [dict(temp=2.0, top_p=0.6), dict(temp=2.0, min_p=0.2)])
+def test_the_comparison_catches_the_old_order(case):
+    """Temperature applied before the filters (this package's old transform) keeps
+    tokens that mlx-lm's sampler never draws: the check above tells them apart."""
+    from mlx_lm.sample_utils import make_sampler
+
+    logits = mx.array(LOGITS, mx.float32)
+    old = _ours({**case, "temp": 1.0}).probs(logits[None] / case["temp"])[0]
+    mx.random.seed(5)
+    logprobs = logits - mx.logsumexp(logits)
+    draws = make_sampler(**case)(mx.broadcast_to(logprobs, (60_000, LOGITS.size)))
+    counts = np.bincount(np.array(draws), minlength=LOGITS.size)
+    stat, dof = chi2(counts, np.array(old))
+    assert stat > 10 * chi2_critical(dof)
+
+
 @pytest.mark.parametrize(
     "kwargs",
     [
         dict(temperature=-1),
-        dict(top_p=0),
+        dict(top_p=-0.1),
         dict(top_p=1.5),
         dict(top_k=-2),
-        dict(min_p=1.0),
+        dict(min_p=-0.1),
+        dict(min_p=1.5),
     ],
 )
 def test_bad_sampling_params(kwargs):

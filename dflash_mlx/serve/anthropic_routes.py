@@ -56,7 +56,7 @@ def _message(m, i: int) -> list[dict]:
     return out
 
 
-def chat_conversation(req: MessagesRequest) -> tuple[list[dict], list[dict] | None]:
+def chat_conversation(req: CountTokensRequest) -> tuple[list[dict], list[dict] | None]:
     """(messages, tools) for the chat template."""
     messages = []
     if req.system:
@@ -81,7 +81,7 @@ def chat_conversation(req: MessagesRequest) -> tuple[list[dict], list[dict] | No
     return messages, tools
 
 
-def _render(state, req: MessagesRequest):
+def _render(state, req: CountTokensRequest):
     messages, tools = chat_conversation(req)
     kwargs = {}
     kind = (req.thinking or {}).get("type")
@@ -233,19 +233,19 @@ async def _events(gen: Generation, head: dict, prompt_tokens: int):
                 partial = json.dumps(use["input"], ensure_ascii=False)
                 delta = {"type": "input_json_delta", "partial_json": partial}
                 events += blocks.delta("tool_use", delta)
-            for e in events:
-                yield e
+            for event in events:
+                yield event
     except ApiError as e:
         yield sse(anthropic_error(e), "error")
         return
-    for e in blocks.close():
-        yield e
-    delta = {"stop_reason": stop_reason(gen), "stop_sequence": gen.stop_sequence}
+    for event in blocks.close():
+        yield event
+    end = {"stop_reason": stop_reason(gen), "stop_sequence": gen.stop_sequence}
     yield sse(
         {
             "type": "message_delta",
-            "delta": delta,
-            "usage": {"output_tokens": gen.completion_tokens},
+            "delta": end,
+            "usage": _usage(gen),  # the final counts, cache reads included
             "x_dflash": gen.x_dflash(),
         },
         "message_delta",

@@ -3,6 +3,7 @@
 import json
 import time
 import uuid
+from typing import Any
 
 from fastapi import APIRouter, Request
 
@@ -128,7 +129,7 @@ async def chat_completions(request: Request):
     if req.stream:
         return event_stream(_chat_chunks(gen, head, req, state.tokenizer))
     delta = await gen.collect(request.is_disconnected)
-    message = {
+    message: dict[str, Any] = {
         "role": "assistant",
         "content": delta.content if delta.content or not delta.tool_calls else None,
     }
@@ -169,7 +170,7 @@ async def _chat_chunks(gen: Generation, head: dict, req, tokenizer):
     calls = 0
     try:
         async for d in gen.deltas():
-            out = {}
+            out: dict[str, Any] = {}
             if d.reasoning:
                 out["reasoning_content"] = d.reasoning
             if d.content:
@@ -193,7 +194,12 @@ async def _chat_chunks(gen: Generation, head: dict, req, tokenizer):
 
 def completion_logprobs(tokenizer, entries, offset: int = 0) -> dict:
     """`choices[].logprobs` of a (legacy) text completion."""
-    out = {"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []}
+    out: dict[str, list] = {
+        "tokens": [],
+        "token_logprobs": [],
+        "top_logprobs": [],
+        "text_offset": [],
+    }
     for e in entries:
         text = tokenizer.decode([e.token])
         out["tokens"].append(text)

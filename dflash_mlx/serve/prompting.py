@@ -73,12 +73,6 @@ def chat_messages(messages) -> list[dict]:
     return out
 
 
-def _plain_transcript(messages: list[dict]) -> str:
-    # tokenizers without a chat template (base models): a readable transcript
-    turns = "".join(f"{m['role'].capitalize()}: {m['content']}\n\n" for m in messages)
-    return turns + "Assistant:"
-
-
 # arguments of apply_chat_template that the server sets itself
 _RESERVED = {
     "tokenize",
@@ -101,7 +95,9 @@ def render_chat(
             param="chat_template_kwargs",
         )
     if not getattr(tokenizer, "has_chat_template", False):
-        return tokenizer.encode(_plain_transcript(messages)), "normal"
+        from ..conversation import render  # "Role: content" paragraphs, as the chat
+
+        return tokenizer.encode(render(tokenizer, messages)), "normal"
     try:
         text = tokenizer.apply_chat_template(
             messages,

@@ -4,6 +4,7 @@ function calls; no stored responses, no built-in tools)."""
 import json
 import time
 import uuid
+from typing import Any
 
 from fastapi import APIRouter, Request
 
@@ -129,8 +130,9 @@ class _Output:
         return out
 
     def text(self, kind: str, delta: str) -> list[str]:
-        out = []
+        out: list[str] = []
         if self.open_kind != kind:
+            item: dict[str, Any]
             if kind == "message":
                 item = {
                     "type": "message",
@@ -316,13 +318,13 @@ async def _events(gen: Generation, head: dict):
                 events += output.text("message", d.content)
             for call in d.tool_calls:
                 events += output.function_call(call)
-            for e in events:
-                yield e
+            for event in events:
+                yield event
     except ApiError as e:
         yield output.event("error", code=e.code, message=e.message, param=e.param)
         return
-    for e in output.close():
-        yield e
+    for event in output.close():
+        yield event
     final = _response(gen, head, output.items)
     done = (
         "response.incomplete"

@@ -14,7 +14,10 @@ import queue
 import threading
 import time
 from collections import deque
+from collections.abc import Generator
 from dataclasses import dataclass
+
+from ..cache import PromptCache
 
 log = logging.getLogger("dflash_mlx.serve")
 
@@ -108,8 +111,8 @@ class Ticket:
 @dataclass
 class _Run:
     ticket: Ticket
-    cache: object
-    gen: object
+    cache: PromptCache
+    gen: Generator  # stream_generate's
 
 
 class Scheduler:

@@ -4,6 +4,7 @@ Types are strict (a string where a number belongs is an error, not a guess); fie
 server does not use are ignored, since clients send many vendor extras.
 """
 
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -64,9 +65,9 @@ class SamplingBody(_Body):
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0)
-    min_p: float | None = Field(None, ge=0, lt=1)
+    min_p: float | None = Field(None, ge=0, le=1)
     seed: int | None = None
     stop: str | list[str] | None = None
     n: int = Field(1, ge=1, le=1)
@@ -145,23 +146,24 @@ class AnthropicTool(_Body):
     input_schema: dict | None = None
 
 
-class MessagesRequest(_Body):
+class CountTokensRequest(_Body):
+    """What a prompt is made of (POST /v1/messages/count_tokens)."""
+
     model: str | None = None
     messages: list[AnthropicMessage] = Field(min_length=1)
     system: str | list[AnthropicBlock] | None = None
-    max_tokens: int = Field(ge=1)
-    temperature: float | None = Field(None, ge=0, le=1)
-    top_p: float | None = Field(None, gt=0, le=1)
-    top_k: int | None = Field(None, ge=0)
-    stop_sequences: list[str] | None = None
-    stream: bool = False
     tools: list[AnthropicTool] | None = None
     tool_choice: Any = None
     thinking: dict | None = None
 
 
-class CountTokensRequest(MessagesRequest):
-    max_tokens: int | None = Field(None, ge=1)
+class MessagesRequest(CountTokensRequest):
+    max_tokens: int = Field(ge=1)
+    temperature: float | None = Field(None, ge=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)
+    top_k: int | None = Field(None, ge=0)
+    stop_sequences: list[str] | None = None
+    stream: bool = False
 
 
 # -- OpenAI Responses (stateless) -------------------------------------------------
@@ -171,7 +173,7 @@ class ResponsesRequest(_Body):
     instructions: str | None = None
     max_output_tokens: int | None = Field(None, ge=1)
     temperature: float | None = Field(None, ge=0, le=2)
-    top_p: float | None = Field(None, gt=0, le=1)
+    top_p: float | None = Field(None, ge=0, le=1)
     stream: bool = False
     tools: list[dict] | None = None
     tool_choice: Any = None
@@ -189,7 +191,7 @@ def stop_list(stop: str | list[str] | None, field: str) -> tuple[str, ...]:
     return tuple(stops)
 
 
-def _param(errors: list[dict]) -> str:
+def _param(errors: Sequence[Any]) -> str:
     """The field at fault (a union's failures share it as a common prefix)."""
     first = errors[0]["loc"]
     same = [e["loc"] for e in errors if e["loc"][:1] == first[:1]]

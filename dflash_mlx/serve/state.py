@@ -37,8 +37,8 @@ def build_state(model, tokenizer, draft, config: ServeConfig) -> ServerState:
     from mlx_lm.generate import TextStateMachine, make_text_state_machine
 
     from ..adaptive import AdaptiveBlockSize
-    from ..chat import context_length
-    from ..generate import _as_target, _wrap_tokenizer, make_prompt_cache
+    from ..generate import _as_target, make_prompt_cache, wrap_tokenizer
+    from ..resolve import context_length
     from .metrics import Metrics
     from .prompt_pool import PromptPool
     from .scheduler import Scheduler
@@ -48,8 +48,10 @@ def build_state(model, tokenizer, draft, config: ServeConfig) -> ServerState:
 
         check_compatible(model, draft)
     target = _as_target(model, draft)
-    tokenizer = _wrap_tokenizer(tokenizer)
-    block_size = config.block_size if draft is not None else 1
+    tokenizer = wrap_tokenizer(tokenizer)
+    block_size: int | str | AdaptiveBlockSize = (
+        config.block_size if draft is not None else 1
+    )
     if block_size == "auto":  # one policy for all requests: what it learns carries over
         block_size = AdaptiveBlockSize(draft.args.block_size)
     pool = PromptPool(

@@ -153,6 +153,8 @@ class TextStream:
 
     def _emit_tool_call(self, delta: Delta):
         text, self._tool_text = self._tool_text, ""
+        if self.tool_parser is None:  # no tool state without a parser; for mypy
+            return
         try:
             parsed = self.tool_parser(text, self.tools)
         except Exception as e:  # the model wrote a malformed call: drop it, as mlx-lm

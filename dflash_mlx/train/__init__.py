@@ -1,4 +1,4 @@
-"""Train a DFlash drafter for any supported target: `dflash-mlx train` in library form."""
+"""Train a DFlash drafter for a supported target: `dflash-mlx train` as a library."""
 
 from .blocks import (
     default_gamma,

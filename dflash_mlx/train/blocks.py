@@ -1,9 +1,10 @@
 """Training blocks: random anchors in a response, block inputs/labels/weights, and the
 block-sparse mask that packs all blocks of a sequence into one attention call.
 
-Block i starts at anchor a_i: inputs [token a_i, MASK × (B−1)] at positions a_i..a_i+B−1,
-labels tokens a_i+1..a_i+B−1. It sees target features of positions < a_i (its context)
-and its own block, never another block: exactly what the drafter sees at inference.
+Block i starts at anchor a_i: inputs [token a_i, MASK × (B−1)] at positions
+a_i..a_i+B−1, labels tokens a_i+1..a_i+B−1. It sees target features of positions < a_i
+(its context) and its own block, never another block: exactly what the drafter sees at
+inference.
 """
 
 from dataclasses import dataclass
@@ -15,7 +16,7 @@ GAMMAS = {16: 7.0, 10: 5.0, 8: 4.0}
 
 
 def default_gamma(block_size: int) -> float:
-    """Loss decay γ of the paper (7 for B=16, 5 for B=10, 4 for B=8), ~0.45·B otherwise."""
+    """Loss decay γ of the paper (7 for B=16, 5 for B=10, 4 for B=8), else ~0.45·B."""
     return GAMMAS.get(block_size, max(1.0, round(0.45 * block_size, 1)))
 
 
@@ -33,8 +34,8 @@ def sample_anchors(
 ) -> np.ndarray:
     """Up to `n` distinct sorted anchors in the response: prompt_len ≤ a ≤ seq_len − 2.
 
-    The first block at inference starts at the first response token (position prompt_len),
-    and an anchor needs at least one token after it to predict.
+    The first block at inference starts at the first response token (position
+    prompt_len), and an anchor needs at least one token after it to predict.
     """
     lo, hi = max(prompt_len, 1), seq_len - 1
     if hi <= lo:

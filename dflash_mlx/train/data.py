@@ -86,7 +86,7 @@ def split_prompts(prompts: Sequence[Prompt], n_val: int) -> tuple[list, list]:
 
 
 def encode_chat(tokenizer, messages: list) -> list[int]:
-    """Prompt ids with the chat template (a plain user turn when the tokenizer has none)."""
+    """Prompt ids with the chat template (a plain user turn without a template)."""
     if getattr(tokenizer, "chat_template", None):
         ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
         return list(ids)
@@ -137,8 +137,8 @@ def regenerate(
     temperature: float = 0.0,
     seed: int = 0,
 ) -> Iterator[DataProgress]:
-    """Generate the target's own responses for `prompts` not yet in `path`, appending each
-    finished one (prompt ids + response ids) as a JSON line. Yields progress."""
+    """Generate the target's own responses for `prompts` not yet in `path`, appending
+    each finished one (prompt ids + response ids) as a JSON line. Yields progress."""
     import mlx.core as mx
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.sample_utils import make_sampler
@@ -167,7 +167,9 @@ def regenerate(
     new_tokens = 0
     try:
         uids = gen.insert(ids, limits)
-        pending = {u: (p, i, []) for u, p, i in zip(uids, todo, ids)}
+        pending: dict[int, tuple[Prompt, list[int], list[int]]] = {
+            u: (p, i, []) for u, p, i in zip(uids, todo, ids, strict=True)
+        }
         with open(path, "a", encoding="utf-8") as out:
             while pending and (responses := gen.next_generated()):
                 for r in responses:

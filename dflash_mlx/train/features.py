@@ -3,7 +3,8 @@
 Caching costs disk (tokens × layers × hidden × bytes) and saves one target forward per
 sample per epoch; on the fly costs that forward every time and no disk. `choose_mode`
 caches whenever the estimate fits the budget and half the free disk. Cached features
-live in safetensors shards that MLX loads lazily, so memory holds only what a step reads.
+live in safetensors shards that MLX loads lazily, so memory holds only what a step
+reads.
 """
 
 import json

@@ -1,6 +1,6 @@
-"""The training loop: weighted block loss, AdamW + cosine schedule with warm-up, gradient
-clipping and accumulation, checkpoints with exact resume, and validation τ measured with
-the real engine. It yields events; it never prints (the CLI renders them).
+"""The training loop: weighted block loss, AdamW + cosine schedule with warm-up,
+gradient clipping and accumulation, checkpoints with exact resume, and validation τ
+measured with the real engine. It yields events; it never prints (the CLI renders them).
 
 Randomness is a pure function of (seed, micro-batch index): the sample order of an epoch
 and the anchors of a sequence are re-derived on resume, so an interrupted run continues
@@ -21,6 +21,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
 from ..draft_head import DraftHead
+from ..loading import read_safetensors
 from .blocks import make_blocks, sample_anchors
 from .data import Sample
 from .export import save_weights
@@ -94,7 +95,7 @@ def measure_tau(
     block_size: int,
     max_tokens: int = 128,
 ) -> float:
-    """Mean acceptance length (committed tokens per verify step), greedy, real engine."""
+    """Mean acceptance length (tokens per verify step), greedy, the real engine."""
     from ..generate import stream_generate
 
     committed = steps = 0
@@ -147,7 +148,8 @@ class Trainer:
             weight_decay=config.weight_decay,
         )
         self.history = _History()
-        draft.train()  # a drafter from load_draft is in eval mode (cpu_ops, no gradients)
+        # a drafter from load_draft is in eval mode (cpu_ops, no gradients)
+        draft.train()
         self.optimizer.init(draft.trainable_parameters())
         self._grad = nn.value_and_grad(draft, self._loss)
         self.head = DraftHead.for_drafter(target, draft)
@@ -157,7 +159,7 @@ class Trainer:
         s = self.optimizer.state.get("step")
         return int(s.item()) if s is not None else 0
 
-    # -- one step ---------------------------------------------------------------------------
+    # -- one step ----------------------------------------------------------------------
 
     def _loss(self, features, blocks, masks):
         loss, wsum, correct = block_loss(
@@ -166,7 +168,7 @@ class Trainer:
         return loss, (wsum, correct)
 
     def micro_batch(self, m: int) -> tuple[Sample, np.ndarray]:
-        """The sample and anchors of global micro-batch `m` (a pure function of seed, m)."""
+        """The sample and anchors of global micro-batch `m` (a function of seed, m)."""
         n = len(self.samples)
         order = np.random.default_rng([self.config.seed, m // n]).permutation(n)
         s = self.samples[order[m % n]]
@@ -213,7 +215,7 @@ class Trainer:
             positions=used,
         )
 
-    # -- the run ----------------------------------------------------------------------------
+    # -- the run -----------------------------------------------------------------------
 
     def run(self) -> Iterator:
         """Train to the end, yielding StepEvent, ValEvent and SaveEvent."""
@@ -265,14 +267,14 @@ class Trainer:
         self.history.val.append((self.step, tau))
         return ValEvent(self.step, tau, len(self.val_prompts))
 
-    # -- checkpoints ------------------------------------------------------------------------
+    # -- checkpoints -------------------------------------------------------------------
 
     @property
     def checkpoint_dir(self) -> Path:
         return self.folder / "checkpoints"
 
     def save(self) -> Path:
-        """Write weights, optimizer state and counters; keep the newest few checkpoints."""
+        """Write weights, optimizer state and counters; keep the newest checkpoints."""
         step = self.step
         final = self.checkpoint_dir / f"step-{step:07d}"
         tmp = self.checkpoint_dir / f".step-{step:07d}.tmp"
@@ -317,7 +319,7 @@ class Trainer:
             )
         self.draft.load_weights(str(path / "drafter.safetensors"))
         self.optimizer.state = tree_unflatten(
-            list(mx.load(str(path / "optimizer.safetensors")).items())
+            list(read_safetensors(path / "optimizer.safetensors").items())
         )
         self.history = _History(
             [tuple(v) for v in state.get("val", [])], state.get("train_seconds", 0.0)

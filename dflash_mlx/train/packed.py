@@ -50,7 +50,7 @@ def _attention(attn, x: mx.array, ctx: mx.array, offsets: mx.array, mask: mx.arr
 def layer_masks(
     draft: DraftModel, anchors: np.ndarray, block_size: int, context_len: int
 ) -> dict:
-    """One packed mask per layer type, following the drafter's causal/sliding settings."""
+    """A packed mask per layer type, following the drafter's causal/sliding settings."""
     masks = {}
     for layer in draft.layers:
         t = layer.layer_type
@@ -125,7 +125,8 @@ def block_loss(
     masks: dict | None = None,
     head: DraftHead | None = None,
 ):
-    """(weighted cross-entropy normalised by the weight sum, weight sum, correct·weight sum).
+    """(weighted cross-entropy normalised by the weight sum, weight sum, correct·weight
+    sum).
 
     Only the drafter's parameters receive gradients: the target's embedding and head
     enter as constants of the graph. With a draft vocabulary, labels outside it carry no
@@ -140,9 +141,10 @@ def block_loss(
         labels = head.index[labels]
         w = np.where(labels >= 0, w, 0.0).astype(np.float32)
         labels = np.maximum(labels, 0)
-    labels, w = mx.array(labels), mx.array(w)
-    ce = nn.losses.cross_entropy(logits, labels)
-    wsum = w.sum()
-    loss = (ce * w).sum() / mx.maximum(wsum, 1e-9)
-    correct = mx.stop_gradient(((mx.argmax(logits, axis=-1) == labels) * w).sum())
+    targets, weights = mx.array(labels), mx.array(w)
+    ce = nn.losses.cross_entropy(logits, targets)
+    wsum = weights.sum()
+    loss = (ce * weights).sum() / mx.maximum(wsum, 1e-9)
+    hits = mx.argmax(logits, axis=-1) == targets
+    correct = mx.stop_gradient((hits * weights).sum())
     return loss, wsum, correct

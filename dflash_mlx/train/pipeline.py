@@ -96,8 +96,9 @@ def _truncate(samples, max_len: int):
 
 
 def load_target(spec: str):
-    """A folder / Hub id through `dflash_mlx.load`; a .gguf file dequantized (exact weights,
-    fast plain matmuls for the many forwards of data generation and features)."""
+    """A folder / Hub id through `dflash_mlx.load`; a .gguf file dequantized (exact
+    weights, fast plain matmuls for the many forwards of data generation and
+    features)."""
     if str(spec).endswith(".gguf"):
         from ..gguf import load_gguf
 

@@ -1,0 +1,79 @@
+"""Options that several commands declare, made once here (a fresh typer.Option per use).
+
+Each function returns the option for a command's signature; the commands keep their own
+defaults and help where those differ (`bench` sweeps block sizes, `chat` answers
+longer).
+"""
+
+import typer
+
+MODEL_HELP = (
+    "Target model: local folder or Hugging Face repo id (default: the built-in one)."
+)
+DRAFT_HELP = "DFlash drafter (default: the registry's drafter for the target)."
+BLOCK_SIZE_HELP = (
+    "Verify block size, or 'auto' (the default: picked per block from measured speed)."
+)
+
+
+def model(help: str = MODEL_HELP):
+    return typer.Option(None, "--model", "-m", help=help)
+
+
+def draft(*flags: str, help: str = DRAFT_HELP):
+    """`--draft` (with `-d` unless a command gives its own flags)."""
+    return typer.Option(None, *(flags or ("--draft", "-d")), help=help)
+
+
+def block_size(help: str = BLOCK_SIZE_HELP):
+    return typer.Option(None, "--block-size", "-b", help=help)
+
+
+def temperature(*flags: str, help: str = "Temperature (0 = greedy)."):
+    return typer.Option(0.0, *(flags or ("--temp", "-t")), min=0.0, help=help)
+
+
+def top_p():
+    return typer.Option(
+        1.0, "--top-p", min=0.0, max=1.0, help="Nucleus sampling (0 or 1 disables it)."
+    )
+
+
+def top_k():
+    return typer.Option(0, "--top-k", min=0, help="0 disables top-k.")
+
+
+def max_tokens(default: int, help: str = "-1: up to the context."):
+    return typer.Option(default, "--max-tokens", "-n", help=help)
+
+
+def system():
+    return typer.Option(None, "--system", "-s", help="System prompt.")
+
+
+def thinking():
+    return typer.Option(
+        None,
+        "--thinking/--no-thinking",
+        help="enable_thinking for templates that support it.",
+    )
+
+
+def no_draft():
+    return typer.Option(False, "--no-draft", help="Plain decoding, no drafter.")
+
+
+def parse_block_size(text: str | None):
+    """`--block-size` value: None, "auto", or an integer >= 1."""
+    if text is None or text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise typer.BadParameter(
+            f"expected an integer >= 1 or 'auto', got {text!r}.",
+            param_hint="--block-size",
+        )
+    return value

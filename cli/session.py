@@ -1,0 +1,57 @@
+"""Loading a chat session for `chat` and `generate`: names → models → a warm session."""
+
+
+def open_session(
+    model,
+    draft,
+    no_draft,
+    *,
+    system=None,
+    thinking=None,
+    settings=None,
+    raw=False,
+    status=None,
+):
+    """Resolve and load target + drafter; (ChatSession, note). Raises ValueError to fix.
+
+    `status(name)`, when given, is a context manager shown while the models load."""
+    from contextlib import nullcontext
+
+    from dflash_mlx import load, load_draft
+    from dflash_mlx.chat import ChatSession
+    from dflash_mlx.resolve import resolve_models
+
+    model, draft, note = resolve_models(model, draft, no_draft)
+    with status(model) if status else nullcontext():
+        target, tokenizer = load(model)
+        drafter = load_draft(draft, target=target) if draft else None
+        _warm_up(target, tokenizer, drafter)
+    session = ChatSession(
+        target,
+        tokenizer,
+        drafter,
+        system=system,
+        thinking=thinking,
+        settings=settings,
+        raw=raw,
+        names={"model": model, "draft": draft},
+    )
+    if thinking is not None and not raw and not session.thinking_supported:
+        note = "; ".join(
+            filter(None, [note, "this chat template has no thinking switch"])
+        )
+    return session, note
+
+
+def _warm_up(target, tokenizer, drafter):
+    """A short throwaway generation, so MLX compiles its kernels (on a CPU once per
+    machine, ~6 s for the demo pair) behind the loading spinner, not in the first
+    answer."""
+    from dflash_mlx import stream_generate
+
+    block = drafter.args.block_size if drafter is not None else 1
+    # the prefill, then one full block: every kernel shape of a verify
+    for _ in stream_generate(
+        target, drafter, tokenizer, "Hello", max_tokens=1 + block, block_size=block
+    ):
+        pass

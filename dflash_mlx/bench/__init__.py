@@ -1,0 +1,58 @@
+"""Benchmark library half: plain mlx-lm decoding against DFlash on the same prompts, the
+losslessness check at temperature 0, and summaries. Nothing here prints; the CLI
+renders.
+
+engines.py (what is compared) · measure.py (timing every prompt turn) · summary.py
+(rows, JSON report, running tally) · environment.py (machine, BLAS, versions) ·
+plot.py (the PNG).
+"""
+
+from .engines import (
+    BASELINE,
+    Engine,
+    dflash_engine,
+    mlx_lm_engine,
+    reference_config,
+    reference_engine,
+)
+from .environment import describe_weights, detect_blas, environment
+from .measure import (
+    BenchConfig,
+    Record,
+    chat_ids,
+    count_turns,
+    load_samples,
+    measure,
+    parse_block_sizes,
+    run,
+    warmup,
+)
+from .plot import write_plot
+from .summary import SCHEMA, Tally, compact, report, summarize
+
+__all__ = [
+    "BASELINE",
+    "SCHEMA",
+    "BenchConfig",
+    "Engine",
+    "Record",
+    "Tally",
+    "chat_ids",
+    "compact",
+    "count_turns",
+    "describe_weights",
+    "detect_blas",
+    "dflash_engine",
+    "environment",
+    "load_samples",
+    "measure",
+    "mlx_lm_engine",
+    "parse_block_sizes",
+    "reference_config",
+    "reference_engine",
+    "report",
+    "run",
+    "summarize",
+    "warmup",
+    "write_plot",
+]

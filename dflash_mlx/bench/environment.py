@@ -1,0 +1,122 @@
+"""What a benchmark ran on: machine, chip/CPU, MLX device and BLAS, versions, models."""
+
+import mlx.core as mx
+
+
+def detect_blas() -> str:
+    """Which BLAS MLX's CPU backend runs on, e.g. 'OpenBLAS (/usr/lib/...)'."""
+    import sys
+
+    from ..blas import blas_in_use
+
+    if sys.platform == "darwin":
+        return "Accelerate/Metal"
+    info = blas_in_use()
+    name = info["name"]
+    if name.startswith("reference BLAS"):
+        label = "reference BLAS (slow)"
+    else:
+        label = name if info["fast"] else f"{name} (slow)"
+    return f"{label} ({info['path']})" if info["path"] else label
+
+
+def _cpu_name() -> str:
+    import platform
+    import subprocess
+    import sys
+
+    if sys.platform.startswith("linux"):
+        try:
+            with open("/proc/cpuinfo") as f:
+                for line in f:
+                    if line.startswith("model name"):
+                        return line.split(":", 1)[1].strip()
+        except OSError:
+            pass
+    if sys.platform == "darwin":
+        try:
+            return subprocess.run(
+                ["sysctl", "-n", "machdep.cpu.brand_string"],
+                capture_output=True,
+                text=True,
+                timeout=5,
+            ).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            pass
+    return platform.processor() or platform.machine()
+
+
+def describe_weights(model) -> str:
+    """'4-bit (group 64)' for quantized models, else the weights' dtype."""
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    quant = [
+        m
+        for _, m in model.named_modules()
+        if hasattr(m, "bits") and hasattr(m, "group_size") and isinstance(m, nn.Module)
+    ]
+    if quant:
+        bits = "/".join(str(b) for b in sorted({m.bits for m in quant}))
+        groups = "/".join(str(g) for g in sorted({m.group_size for m in quant}))
+        return f"{bits}-bit (group {groups})"
+    dtypes = {
+        str(v.dtype).replace("mlx.core.", "")
+        for v in dict(tree_flatten(model.parameters())).values()
+    }
+    return "none (" + "/".join(sorted(dtypes)) + ")"
+
+
+def _chip() -> str | None:
+    """The GPU's name where MLX runs on one (best effort)."""
+    if mx.default_device().type != mx.gpu:
+        return None
+    try:
+        info = (
+            mx.device_info() if hasattr(mx, "device_info") else mx.metal.device_info()
+        )
+    except Exception:  # a description only: never fail a benchmark over it
+        return None
+    name = info.get("device_name") or info.get("architecture")
+    return str(name) if name else None
+
+
+def _version(package: str) -> str | None:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return None
+
+
+def environment(model=None, draft=None, model_id: str = "", draft_id: str = "") -> dict:
+    """Machine, chip/CPU, MLX device and BLAS, versions, models and their weights."""
+    import os
+    import platform
+
+    env = dict(
+        platform=platform.platform(),
+        machine=platform.machine(),
+        cpu=_cpu_name(),
+        cpu_count=os.cpu_count(),
+        chip=_chip(),
+        device=str(mx.default_device()),
+        blas=detect_blas(),
+        python=platform.python_version(),
+        mlx=_version("mlx"),
+        mlx_lm=_version("mlx-lm"),
+        dflash_mlx=_version("dflash-mlx"),
+        model=model_id,
+        draft=draft_id,
+    )
+    if _version("dflash"):
+        env["dflash_reference"] = _version("dflash")
+    if model is not None:
+        env["model_type"] = getattr(getattr(model, "args", None), "model_type", None)
+        env["model_weights"] = describe_weights(model)
+    if draft is not None:
+        env["draft_weights"] = describe_weights(draft)
+        env["draft_layers"] = draft.args.num_hidden_layers
+        env["draft_block_size"] = draft.args.block_size
+    return env

@@ -1,0 +1,14 @@
+"""A chat session without a terminal: history, prompt-cache reuse across turns, slash
+commands and transcripts. The CLI (`dflash-mlx chat`) only draws it.
+
+session.py (ChatSession, Settings) · turn.py (one answer: pieces, text, ids) ·
+stats.py (per answer and per session) · commands.py (slash commands) ·
+transcript.py (JSON / Markdown). Prompt rendering is `dflash_mlx.conversation`.
+"""
+
+from .commands import COMMANDS
+from .session import ChatSession, Settings
+from .stats import TurnStats
+from .turn import Chunk, Piece
+
+__all__ = ["COMMANDS", "ChatSession", "Chunk", "Piece", "Settings", "TurnStats"]

@@ -1,0 +1,243 @@
+"""`ChatSession`: the history, the caches kept across turns, and the settings the slash
+commands change. Rendering, turns, commands and transcripts live in their own
+modules."""
+
+from collections.abc import Generator
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from .. import conversation
+from ..adaptive import AdaptiveBlockSize
+from ..generate import make_prompt_cache, stream_generate, wrap_tokenizer
+from ..resolve import context_length
+from .commands import run_command
+from .stats import TurnStats, baseline_tps, totals
+from .transcript import save, transcript
+from .turn import Chunk, Turn
+
+
+@dataclass
+class Settings:
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_tokens: int = 1024
+    block_size: int | str | None = None  # None or "auto": adaptive; an int: fixed
+    draft_on: bool = True
+    color: bool = False
+
+
+class ChatSession:
+    """A conversation with a target (and optional drafter) that keeps its caches across
+    turns."""
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        draft=None,
+        *,
+        system: str | None = None,
+        thinking: bool | None = None,
+        settings: Settings | None = None,
+        reuse_cache: bool = True,
+        raw: bool = False,
+        names: dict | None = None,
+    ):
+        self.model, self.draft = model, draft
+        self.tokenizer = wrap_tokenizer(tokenizer)
+        self.system, self.thinking = system, thinking
+        self.settings = settings or Settings()
+        self.reuse_cache = reuse_cache
+        self.raw = raw  # no chat template: the prompt is the messages' text as-is
+        self.names = names or {}
+        self.context = context_length(model)
+        self.messages: list[dict] = []
+        self.turns: list[TurnStats] = []
+        self.cache = make_prompt_cache(model, draft)
+        self._last: conversation.Exchange | None = None  # the last prompt + answer
+        self._adaptive: AdaptiveBlockSize | None = None
+
+    # -- prompts ----------------------------------------------------------------------
+    @property
+    def template(self) -> str:
+        return conversation.chat_template(self.tokenizer)
+
+    @property
+    def thinking_supported(self) -> bool:
+        return conversation.supports_thinking(self.tokenizer)
+
+    def render_text(self, messages: list[dict] | None = None) -> str:
+        """The prompt text for `messages` (default: the history) plus the assistant
+        header."""
+        messages = self.messages if messages is None else messages
+        return conversation.render(
+            self.tokenizer,
+            [{"role": m["role"], "content": m["content"]} for m in messages],
+            system=self.system,
+            thinking=self.thinking,
+            raw=self.raw,
+        )
+
+    def render(self, messages: list[dict] | None = None) -> list[int]:
+        return self.encode(self.render_text(messages))
+
+    def encode(self, prompt_text: str) -> list[int]:
+        """Prompt ids; the last exchange keeps its exact ids (the answer as generated,
+        not re-tokenized) when the template renders it verbatim, so the cache
+        matches."""
+        special = not self.template or self.raw
+        return conversation.encode(
+            self.tokenizer, prompt_text, self._last, special=special
+        )
+
+    # -- state ------------------------------------------------------------------------
+    @property
+    def mode(self) -> str:
+        return "dflash" if self.block_size != 1 else "plain"
+
+    @property
+    def block_size(self) -> int | str:
+        """The verify block size, or "auto" (chosen per block from measured speed)."""
+        if self.draft is None or not self.settings.draft_on:
+            return 1
+        return self.settings.block_size or "auto"
+
+    def _block_policy(self):
+        # one adaptive policy per session, so what it learned carries over between turns
+        if self.block_size != "auto":
+            return self.block_size
+        if self._adaptive is None:
+            self._adaptive = AdaptiveBlockSize(self.draft.args.block_size)
+        return self._adaptive
+
+    @property
+    def cached_tokens(self) -> int:
+        return len(self.cache.tokens)
+
+    def baseline_tps(self) -> float | None:
+        """Mean plain-decoding tok/s measured in this session (needs a few tokens)."""
+        return baseline_tps(self.turns)
+
+    def reset(self):
+        self.messages.clear()
+        self._last = None
+        self.cache = make_prompt_cache(self.model, self.draft)
+
+    def _cache_ok(self) -> bool:
+        n = len(self.cache.tokens)
+        offsets = [
+            c.offset
+            for c in self.cache.target + (self.cache.draft or [])
+            if isinstance(getattr(c, "offset", None), int)
+        ]
+        return all(o == n for o in offsets)
+
+    # -- a turn -----------------------------------------------------------------------
+    def stream(self, text: str) -> Generator[Chunk, None, None]:
+        """Answer `text`, one Chunk per verified block. Closing the iterator early (or a
+        KeyboardInterrupt) keeps the partial answer in the history, marked interrupted.
+        Raises ValueError at once (before any work) for an empty or too long prompt."""
+        if not text.strip():
+            raise ValueError("Empty message: type something (or /help).")
+        user = {"role": "user", "content": text}
+        prompt_text = self.render_text(self.messages + [user])
+        ids = self.encode(prompt_text)
+        max_tokens = self.settings.max_tokens
+        if self.context:
+            room = self.context - len(ids)
+            if room <= 0:
+                raise ValueError(
+                    f"This prompt is {len(ids)} tokens but the model's context is "
+                    f"{self.context}: /reset the conversation or send a shorter "
+                    "message."
+                )
+            max_tokens = room if max_tokens < 0 else min(max_tokens, room)
+        return self._run(user, prompt_text, ids, max_tokens)
+
+    def _run(
+        self, user: dict, prompt_text: str, ids: list[int], max_tokens: int
+    ) -> Generator[Chunk, None, None]:
+        s = self.settings
+        if not self.reuse_cache:
+            self.cache = make_prompt_cache(self.model, self.draft)
+        self.messages.append(user)
+        turn = Turn(
+            self.mode, self.block_size, conversation.opens_thinking(prompt_text)
+        )
+        gen = stream_generate(
+            self.model,
+            self.draft,
+            self.tokenizer,
+            ids,
+            block_size=self._block_policy(),
+            max_tokens=max_tokens,
+            temperature=s.temperature,
+            top_p=s.top_p,
+            top_k=s.top_k,
+            min_p=s.min_p,
+            prompt_cache=self.cache,
+        )
+        failed = False
+        try:
+            for r in gen:
+                yield turn.add(r)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:
+            failed = not isinstance(e, GeneratorExit)
+            raise
+        finally:
+            gen.close()
+            if failed:  # an error: drop the turn, start the caches afresh
+                self.messages.pop()
+                self.cache = make_prompt_cache(self.model, self.draft)
+                self._last = None
+            else:
+                self._finish(turn)
+                self._last = conversation.Exchange(
+                    prompt_text + turn.generated_text, ids + turn.ids
+                )
+
+    def _finish(self, turn: Turn):
+        st = turn.stats
+        if st.finish_reason is None:
+            st.finish_reason = "interrupted"
+        base = self.baseline_tps()
+        if st.mode == "dflash" and base and st.generation_tps:
+            st.speedup = st.generation_tps / base
+        self.turns.append(st)
+        message: dict[str, Any] = {
+            "role": "assistant",
+            "content": turn.content,
+            "stats": asdict(st),
+        }
+        if st.finish_reason == "interrupted":
+            message["interrupted"] = True
+        self.messages.append(message)
+        if not self._cache_ok():
+            self.cache = make_prompt_cache(self.model, self.draft)
+
+    # -- commands, statistics, transcript ---------------------------------------------
+    def command(self, line: str) -> tuple[str, str]:
+        """A slash command: (action, message); actions: help, stats, exit, info."""
+        return run_command(self, line)
+
+    def stats(self) -> dict:
+        """Session totals for /stats."""
+        return {
+            **totals(self.turns),
+            "cached_tokens": self.cached_tokens,
+            "context": self.context,
+            "mode": self.mode,
+            "block_size": self.block_size,
+            "temperature": self.settings.temperature,
+        }
+
+    def transcript(self) -> dict:
+        return transcript(self.messages, self.system, asdict(self.settings), self.names)
+
+    def save(self, path) -> Path:
+        return save(self.transcript(), path)

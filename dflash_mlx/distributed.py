@@ -1,0 +1,186 @@
+"""DFlash on a target sharded across processes with MLX's own distributed layer.
+
+Every rank holds a shard of the target (mlx-lm's `model.shard(group)` for tensor
+parallelism, `model.model.pipeline(group)` for pipeline parallelism) and a full copy of
+the drafter, and runs the same speculative loop in lockstep. The drafter reads target
+features taken after the all-reduce, identical on every rank, so the drafts, the target
+logits and therefore the accepted tokens agree without extra traffic. What could differ
+is broadcast from rank 0: the adaptive policy's choices (they come from wall-clock
+timings) and, for sampling without a seed, the seed. Launch with `mlx.launch`.
+"""
+
+import hashlib
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+
+SHARDINGS = ("tensor", "pipeline")
+
+
+@dataclass(frozen=True)
+class Group:
+    """The processes one sharded target spans."""
+
+    group: mx.distributed.Group
+    backend: str
+    sharding: str = "tensor"
+
+    @property
+    def rank(self) -> int:
+        return self.group.rank()
+
+    @property
+    def size(self) -> int:
+        return self.group.size()
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def describe(self) -> dict:
+        return {"backend": self.backend, "size": self.size, "sharding": self.sharding}
+
+    def broadcast(self, values: list[int]) -> list[int]:
+        """Rank 0's `values` on every rank (one small collective).
+
+        It runs on the current stream, after the model's own collectives queued there:
+        collectives must meet in the same order on every rank."""
+        mine = mx.array(values if self.is_main else [0] * len(values), mx.int32)
+        return mx.distributed.all_sum(mine, group=self.group).tolist()
+
+    def check_same(self, what: str, digest: str):
+        """Raise on every rank, naming the odd ones out, unless all have `digest`."""
+        from mlx_lm.generate import generation_stream
+
+        mx.synchronize(generation_stream)  # no generation's collective still in flight
+        mine = mx.array(list(bytes.fromhex(digest)), mx.uint8)
+        every = mx.distributed.all_gather(mine[None], group=self.group)
+        rows = [bytes(r).hex() for r in every.tolist()]
+        odd = [r for r, d in enumerate(rows) if d != rows[0]]
+        if odd:
+            raise ValueError(
+                f"Ranks {odd} have a different {what} than rank 0: give every rank the "
+                "same files (same path or Hub revision on every machine)."
+            )
+
+
+def backend_name() -> str:
+    """Which backend `mlx.launch` (or mpirun) started this process with."""
+    env = os.environ
+    if "MLX_JACCL_COORDINATOR" in env or "MLX_IBV_DEVICES" in env:
+        return "jaccl"
+    if "NCCL_HOST_IP" in env:
+        return "nccl"
+    if "OMPI_COMM_WORLD_RANK" in env or "PMI_RANK" in env:
+        return "mpi"
+    return "ring"
+
+
+def launched(sharding: str = "tensor") -> Group | None:
+    """The group of this process when started by `mlx.launch` with 2+ ranks, else None."""
+    if sharding not in SHARDINGS:
+        raise ValueError(f"sharding must be one of {SHARDINGS}, got {sharding!r}.")
+    if not mx.distributed.is_available():
+        return None
+    group = mx.distributed.init()
+    if group.size() < 2:
+        return None
+    return Group(group, backend_name(), sharding)
+
+
+def model_group(model: nn.Module) -> mx.distributed.Group | None:
+    """The group a target model was sharded over, or None for a whole model."""
+    lm = getattr(model, "language_model", model)
+    inner = getattr(lm, "model", None)
+    if getattr(inner, "pipeline_size", 1) > 1:
+        return mx.distributed.init()
+    for _, module in model.named_modules():
+        group = getattr(module, "sharding_group", None) or getattr(
+            module, "group", None
+        )
+        if isinstance(group, mx.distributed.Group) and group.size() > 1:
+            return group
+    return None
+
+
+def _heads(model: nn.Module) -> dict:
+    args = getattr(model, "args", None)
+    args = getattr(args, "text_config", None) or args
+    get = args.get if isinstance(args, dict) else lambda k: getattr(args, k, None)
+    keys = ("num_attention_heads", "num_key_value_heads", "linear_num_key_heads")
+    return {k: get(k) for k in keys if get(k)}
+
+
+def shard(model: nn.Module, group: Group):
+    """Shard a (lazily loaded) target over `group` with mlx-lm's own methods."""
+    kind = getattr(getattr(model, "args", None), "model_type", type(model).__name__)
+    lm = getattr(model, "language_model", model)
+    if group.sharding == "pipeline":
+        if not hasattr(getattr(lm, "model", None), "pipeline"):
+            raise ValueError(
+                f"mlx-lm has no pipeline parallelism for '{kind}' targets: drop "
+                "--pipeline to shard it tensor-parallel (if mlx-lm can), or use fewer "
+                "machines."
+            )
+        lm.model.pipeline(group.group)
+        return
+    if not hasattr(model, "shard"):
+        hint = (
+            " (try --pipeline)"
+            if hasattr(getattr(lm, "model", None), "pipeline")
+            else ""
+        )
+        raise ValueError(
+            f"mlx-lm cannot shard '{kind}' targets tensor-parallel{hint}; run it on one "
+            "machine instead."
+        )
+    odd = {k: v for k, v in _heads(model).items() if v % group.size}
+    if odd:
+        raise ValueError(
+            f"The target's head counts {odd} are not divisible by {group.size} ranks: "
+            "launch a number of ranks that divides them."
+        )
+    model.shard(group.group)
+
+
+def file_digest(folder) -> str:
+    """A digest of a model folder's config and weight file names and sizes."""
+    h = hashlib.sha256()
+    root = Path(folder)
+    files = sorted(root.glob("*.json")) + sorted(root.glob("*.safetensors*"))
+    if root.is_file():
+        files = [root]
+    for f in files:
+        h.update(f.name.encode() + str(f.stat().st_size).encode())
+        if f.suffix == ".json":
+            h.update(f.read_bytes())
+    return h.hexdigest()[:32]
+
+
+class Lockstep:
+    """A block-size policy whose decisions are rank 0's on every rank."""
+
+    def __init__(self, policy, group: Group):
+        self.policy, self.group = policy, group
+        if hasattr(policy, "cut"):
+            self.cut = self._cut
+
+    def next(self, limit: int | None = None) -> int:
+        return self.group.broadcast([self.policy.next(limit=limit)])[0]
+
+    def _cut(self, confidence: list) -> int:
+        return self.group.broadcast([self.policy.cut(confidence)])[0]
+
+    def observe(self, *args, **kwargs):
+        self.policy.observe(*args, **kwargs)
+
+    def __getattr__(self, name):  # the wrapped policy's statistics
+        return getattr(self.__dict__["policy"], name)
+
+
+def shared_seed(group: Group) -> int:
+    """A seed drawn on rank 0 and used by all: sampled tokens agree on every rank."""
+    return group.broadcast([int.from_bytes(os.urandom(4), "little") >> 1])[0]

@@ -1,0 +1,111 @@
+"""One rank of tests/test_distributed.py, started by `mlx.launch`: runs the scenarios in
+the spec file on a sharded tiny target and writes this rank's results as JSON."""
+
+import json
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx_lm
+from mlx_lm.generate import generation_stream
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from lossless import oracle  # noqa: E402
+
+from dflash_mlx import distributed, load, load_draft, stream_generate  # noqa: E402
+
+
+def _tokens(responses) -> list[int]:
+    return [t for r in responses for t in r.tokens]
+
+
+def main(spec_file: str):
+    spec = json.loads(Path(spec_file).read_text())
+    results = {}
+    for case in spec["cases"]:
+        try:
+            results[case["name"]] = run_case(case)
+        except ValueError as e:  # the error cases: every rank reports its message
+            results[case["name"]] = {"error": str(e)}
+        mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu))  # barrier
+    rank = mx.distributed.init().rank()
+    if spec.get("die_rank") == rank:
+        sys.exit(3)
+    mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu))
+    Path(spec["out"], f"rank{rank}.json").write_text(json.dumps(results))
+
+
+def run_case(case: dict) -> dict:
+    group = distributed.launched(case["sharding"])
+    assert group is not None, "not launched with 2+ ranks"
+    model, tok = load(case["target"], distributed=group)
+    draft_path = case.get("draft_per_rank", {}).get(str(group.rank), case["draft"])
+    draft = load_draft(draft_path, target=model, distributed=group)
+    prompt, n = case["prompt"], case["max_tokens"]
+    out = {"group": group.describe()}
+    ref = [r.token for r in mlx_lm.stream_generate(model, tok, prompt, max_tokens=n)]
+    mx.synchronize(generation_stream)  # mlx-lm's look-ahead step ran collectives
+    out["plain"] = ref
+    drafters = {
+        "random": draft,
+        "full": oracle(draft, prompt + ref),
+        "partial": oracle(draft, prompt + ref, lambda k, i: i % 4 == 0),
+        "none": oracle(draft, prompt + ref, lambda k, i: True),
+    }
+    for name, d in drafters.items():
+        for b in case["block_sizes"]:
+            responses = list(
+                stream_generate(model, d, tok, prompt, max_tokens=n, block_size=b)
+            )
+            out[f"greedy/{name}/{b}"] = _tokens(responses)
+            out[f"accepted/{name}/{b}"] = max(r.accepted or 0 for r in responses)
+    for seed in (None, 3):
+        responses = stream_generate(
+            model, draft, tok, prompt, max_tokens=n, block_size="auto",
+            temperature=1.0, top_p=0.9, seed=seed,
+        )  # fmt: skip
+        out[f"sampled/{seed}"] = _tokens(responses)
+    if case.get("chi2_runs"):
+        out["chi2"] = [
+            _tokens(
+                stream_generate(
+                    model,
+                    drafters["partial"],
+                    tok,
+                    prompt,
+                    max_tokens=3,
+                    block_size=3,
+                    temperature=1.0,
+                    top_k=3,
+                    seed=i,
+                )
+            )  # fmt: skip
+            for i in range(case["chi2_runs"])
+        ]
+        out["chi2_probs"] = _first_three_probs(model, prompt)
+    return out
+
+
+def _first_three_probs(model, prompt):
+    """The sharded target's exact top-3 sampling distribution over 3 tokens."""
+    from dflash_mlx import SamplingParams
+
+    params = SamplingParams(temperature=1.0, top_k=3)
+
+    def probs(prefix):
+        return params.probs(model(mx.array([prefix]))[0, -1]).tolist()
+
+    exact = {}
+    p1 = probs(prompt)
+    for a in [i for i, p in enumerate(p1) if p > 0]:
+        p2 = probs(prompt + [a])
+        for b in [i for i, p in enumerate(p2) if p > 0]:
+            p3 = probs(prompt + [a, b])
+            for c in [i for i, p in enumerate(p3) if p > 0]:
+                exact[f"{a},{b},{c}"] = p1[a] * p2[b] * p3[c]
+    return exact
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])

@@ -1,0 +1,121 @@
+"""Two local ranks on the ring backend (mlx.launch): sharded targets stay lossless."""
+
+import json
+import random
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+import tiny
+from lossless import plain
+from test_verify import chi2, chi2_critical
+
+from dflash_mlx import load
+
+LAUNCH = Path(sys.executable).with_name("mlx.launch")
+pytestmark = pytest.mark.skipif(
+    not (LAUNCH.exists() and mx.distributed.is_available()),
+    reason="this MLX build cannot start local ranks (no mlx.launch or no backend)",
+)
+PROMPT = [5, 17, 99, 3, 42]
+BLOCK_SIZES = [1, 4, 8, 16, "auto"]
+TENSOR = ["llama", "qwen3", "qwen3_5", "qwen3_moe", "gpt_oss", "deepseek_v3", "minimax"]
+PIPELINE = ["qwen3_5", "qwen3_next", "deepseek_v3"]
+
+
+def _case(root: Path, name: str, family: str, sharding: str, **kw) -> dict:
+    target = root / f"{name}-target"
+    if not target.exists():
+        tiny.make_target(target, family, **kw.pop("target", {}))
+    draft = tiny.make_draft(root / f"{name}-draft", target)
+    return dict(
+        name=name, target=str(target), draft=str(draft), sharding=sharding,
+        prompt=PROMPT, max_tokens=20, block_sizes=BLOCK_SIZES, **kw,
+    )  # fmt: skip
+
+
+def launch(tmp: Path, cases: list, **spec) -> subprocess.CompletedProcess:
+    spec = {"cases": cases, "out": str(tmp), **spec}
+    (tmp / "spec.json").write_text(json.dumps(spec))
+    worker = Path(__file__).with_name("distributed_worker.py")
+    cmd = [str(LAUNCH), "-n", "2", "--backend", "ring", "--starting-port",
+           str(random.randint(20000, 40000)), "--", sys.executable, str(worker),
+           str(tmp / "spec.json")]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("dist")
+    cases = [_case(root, f"{f}-tensor", f, "tensor") for f in TENSOR]
+    cases += [_case(root, f"{f}-pipeline", f, "pipeline") for f in PIPELINE]
+    cases[1]["chi2_runs"] = 800  # qwen3, tensor parallel
+    other = tiny.make_draft(root / "other-draft", Path(cases[0]["target"]), seed=9)
+    cases += [
+        _case(root, "gemma-tensor", "gemma4_text", "tensor"),
+        _case(root, "odd-heads", "llama", "tensor",
+              target=dict(num_attention_heads=3, num_key_value_heads=1,
+                          hidden_size=48)),
+        {**cases[0], "name": "odd-drafter", "draft_per_rank": {"1": str(other)}},
+    ]  # fmt: skip
+    proc = launch(root, cases)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    ranks = [json.loads((root / f"rank{r}.json").read_text()) for r in (0, 1)]
+    return {c["name"]: (c, ranks[0][c["name"]], ranks[1][c["name"]]) for c in cases}
+
+
+@pytest.mark.parametrize(
+    "name", [f"{f}-tensor" for f in TENSOR] + [f"{f}-pipeline" for f in PIPELINE]
+)
+def test_greedy_on_two_ranks_equals_plain_decoding(runs, name):
+    case, rank0, rank1 = runs[name]
+    assert rank0 == {k: v for k, v in rank1.items()}  # the ranks never diverge
+    assert rank0["group"] == {
+        "backend": "ring",
+        "size": 2,
+        "sharding": case["sharding"],
+    }
+    ref = rank0["plain"]  # mlx-lm decoding the same sharded target
+    for drafter in ("random", "full", "partial", "none"):
+        for b in BLOCK_SIZES:
+            assert rank0[f"greedy/{drafter}/{b}"] == ref, (drafter, b)
+    assert rank0["accepted/full/16"] == 16 and rank0["accepted/none/8"] == 1
+    model, tok = load(case["target"])  # and, on these tiny models, one process's
+    assert plain(model, tok, PROMPT, 20) == ref
+
+
+def test_sampling_agrees_across_ranks(runs):
+    for name in [f"{f}-tensor" for f in TENSOR]:
+        _, rank0, rank1 = runs[name]
+        assert rank0["sampled/None"] == rank1["sampled/None"]  # shared seed
+        assert rank0["sampled/3"] == rank1["sampled/3"]
+
+
+def test_sampling_on_two_ranks_has_the_sharded_targets_distribution(runs):
+    _, rank0, _ = runs["qwen3-tensor"]
+    exact = rank0["chi2_probs"]
+    counts = Counter(",".join(map(str, seq)) for seq in rank0["chi2"])
+    outcomes = list(exact)
+    assert set(counts) <= set(outcomes)
+    stat, dof = chi2([counts[o] for o in outcomes], [exact[o] for o in outcomes])
+    assert stat < chi2_critical(dof), stat
+
+
+def test_error_cases_name_the_fix(runs):
+    for name, words in [
+        ("gemma-tensor", "cannot shard 'gemma4_text' targets tensor-parallel"),
+        ("odd-heads", "not divisible by 2 ranks"),
+        ("odd-drafter", "Ranks [1] have a different drafter than rank 0"),
+    ]:
+        _, rank0, rank1 = runs[name]
+        assert words in rank0["error"] and rank0 == rank1, (name, rank0)
+
+
+def test_a_rank_that_dies_stops_the_others(tmp_path, runs):
+    case = runs["llama-tensor"][0]
+    proc = launch(tmp_path, [{**case, "block_sizes": [4]}], die_rank=1)
+    assert proc.returncode != 0
+    assert "rank 1 exited" in proc.stdout + proc.stderr
