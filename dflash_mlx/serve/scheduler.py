@@ -268,12 +268,21 @@ class Scheduler:
             log.exception("generation failed")
             failure = Failed(500, f"Generation failed: {e}", "generation_error")
             return self._end(run, failure, keep_cache=False)
-        ticket.send(_block_event(r, ticket))
+        block = _block_event(r, ticket)
         if r.finish_reason is not None:
-            return self._end(run, Finished("done"))
+            return self._end(run, Finished("done"), last_block=block)
+        ticket.send(block)
         return True
 
-    def _end(self, run: _Run, event, keep_cache: bool = True) -> bool:
+    def _end(
+        self,
+        run: _Run,
+        event,
+        keep_cache: bool = True,
+        last_block: BlockEvent | None = None,
+    ) -> bool:
+        """Close the generation and free its slot, then send its last events: a client
+        that answers at once (a follow-up turn, /health) finds its cache in the pool."""
         try:
             run.gen.close()  # rolls back a block still in flight
         except Exception:
@@ -281,7 +290,9 @@ class Scheduler:
             keep_cache = False
         if keep_cache:
             self.pool.give_back(run.cache)
-        self.active = max(0, self.active - 1)  # before the client can ask /health
+        self.active = max(0, self.active - 1)
+        if last_block is not None:
+            run.ticket.send(last_block)
         run.ticket.send(event)
         return False
 
