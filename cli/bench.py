@@ -23,6 +23,7 @@ class BenchOptions:
     json_out: Path | None = None
     plot: Path | None = None
     engines: list[str] = field(default_factory=list)
+    pipeline: bool = False
 
 
 def resolve_models(model: str | None, draft: str | None) -> tuple[str, str]:
@@ -133,16 +134,24 @@ def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
     from dflash_mlx import bench, load, load_draft
 
     from . import bench_ui as ui
+    from .ranks import describe, join
 
     out = out or ui.console()
     config = _config(opts)
     samples = bench.load_samples(config)
     config.datasets = list(samples)
     ids = resolve_models(opts.model, opts.draft)
+    group = join(opts.pipeline)
+    if group is not None:
+        if opts.engines:
+            raise ValueError("--engine reference runs on one process: drop it here.")
+        import mlx.core as mx
+
+        mx.random.seed(opts.seed)  # mlx-lm's sampled baseline draws alike on all ranks
     ui.loading(out, f"target {ids[0]}")
-    model, tokenizer = load(ids[0])
+    model, tokenizer = load(ids[0], distributed=group)
     ui.loading(out, f"drafter {ids[1]}")
-    draft = load_draft(ids[1], target=model)
+    draft = load_draft(ids[1], target=model, distributed=group)
     # auto by default; the reference has no auto, so it also gets the drafter's size
     config.block_sizes = config.block_sizes or (
         ["auto", draft.args.block_size] if opts.engines else ["auto"]
@@ -150,6 +159,7 @@ def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
     all_engines = _engines(opts, model, draft, tokenizer, ids)
     all_engines.update(engines or {})
     env = bench.environment(model, draft, *ids)
+    env["distributed"] = describe(group)
     ui.environment(out, env)
 
     records, interrupted = _measure(out, ui, tokenizer, all_engines, samples, config)
@@ -162,7 +172,8 @@ def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
     ui.results(out, summary, config.temperature)
     if not summary["lossless"]:
         ui.lossless_failure(out, summary["failures"])
-    _write(out, ui, opts, config, env, records, summary)
+    if group is None or group.is_main:  # one rank writes the files
+        _write(out, ui, opts, config, env, records, summary)
     out.file.flush()
     typer.echo(json.dumps(bench.compact(summary), separators=(",", ":")))
     if not summary["lossless"]:
@@ -210,6 +221,7 @@ def bench(
     engine: list[str] = typer.Option(
         [], "--engine", help="Also measure: reference (the dflash package)."
     ),
+    pipeline: bool = options.pipeline(),
 ):
     """Measure plain mlx-lm decoding against DFlash, prompt by prompt; check it is
     lossless."""
@@ -228,6 +240,7 @@ def bench(
         json_out,
         plot,
         list(engine),
+        pipeline,
     )
     try:
         code = execute(opts)

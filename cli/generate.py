@@ -29,20 +29,27 @@ def generate(
         False, "--json", help="Print one JSON record instead of the text."
     ),
     seed: int | None = typer.Option(None, "--seed", help="Random seed for sampling."),
+    pipeline: bool = options.pipeline(),
 ):
     """Generate one answer: text to stdout, statistics to stderr (or --json)."""
     from dflash_mlx.chat import Settings
 
     from . import ui
+    from .ranks import describe, join
     from .session import open_session
 
     err = ui.console(stderr=True)
-    prompt = _read_prompt(err, prompt, max_tokens)
-    if seed is not None:
-        import mlx.core as mx
-
-        mx.random.seed(seed)
+    try:
+        group = join(pipeline)
+    except ValueError as e:
+        ui.error(err, str(e))
+        raise typer.Exit(2) from None
+    if group is None or group.is_main:  # rank 0 reads it (stdin too) for every rank
+        prompt = _read_prompt(err, prompt, max_tokens)
+    if group is not None:
+        prompt = group.broadcast_text(prompt)
     settings = Settings(
+        seed=seed,
         temperature=temp,
         top_p=top_p,
         top_k=top_k,
@@ -58,11 +65,13 @@ def generate(
             thinking=thinking,
             settings=settings,
             raw=raw,
+            distributed=group,
         )
-        text, stats = "", None
+        text, stats, tokens = "", None, []
         for chunk in session.stream(prompt):
             text += chunk.text
             stats = chunk.stats
+            tokens += chunk.response.tokens
             if not as_json:
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
@@ -72,6 +81,8 @@ def generate(
     if as_json:
         sampling = {"temperature": temp, "top_p": top_p, "top_k": top_k, "seed": seed}
         record = _record(session, note, text, stats, sampling)
+        record["tokens"] = tokens
+        record["distributed"] = describe(group)
         sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
     else:
         sys.stdout.write("\n")

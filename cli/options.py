@@ -63,6 +63,15 @@ def no_draft():
     return typer.Option(False, "--no-draft", help="Plain decoding, no drafter.")
 
 
+def pipeline():
+    return typer.Option(
+        False,
+        "--pipeline",
+        help="Under mlx.launch: split the target's layers over the ranks "
+        "(pipeline parallel) instead of its matrices (tensor parallel).",
+    )
+
+
 def parse_block_size(text: str | None):
     """`--block-size` value: None, "auto", or an integer >= 1."""
     if text is None or text == "auto":

@@ -11,10 +11,12 @@ def open_session(
     settings=None,
     raw=False,
     status=None,
+    distributed=None,
 ):
     """Resolve and load target + drafter; (ChatSession, note). Raises ValueError to fix.
 
-    `status(name)`, when given, is a context manager shown while the models load."""
+    `status(name)`, when given, is a context manager shown while the models load;
+    `distributed` (a Group) loads this rank's shard of the target."""
     from contextlib import nullcontext
 
     from dflash_mlx import load, load_draft
@@ -23,8 +25,10 @@ def open_session(
 
     model, draft, note = resolve_models(model, draft, no_draft)
     with status(model) if status else nullcontext():
-        target, tokenizer = load(model)
-        drafter = load_draft(draft, target=target) if draft else None
+        target, tokenizer = load(model, distributed=distributed)
+        drafter = None
+        if draft:
+            drafter = load_draft(draft, target=target, distributed=distributed)
         _warm_up(target, tokenizer, drafter)
     session = ChatSession(
         target,

@@ -47,18 +47,29 @@ class Group:
     def broadcast(self, values: list[int]) -> list[int]:
         """Rank 0's `values` on every rank (one small collective).
 
-        It runs on the current stream, after the model's own collectives queued there:
-        collectives must meet in the same order on every rank."""
+        Collectives must meet in the same order on every rank, so this one runs on the
+        stream generation runs on (mlx-lm's `generation_stream`), after the model's
+        own collectives already queued there."""
+        from mlx_lm.generate import generation_stream
+
         mine = mx.array(values if self.is_main else [0] * len(values), mx.int32)
-        return cast(list[int], mx.distributed.all_sum(mine, group=self.group).tolist())
+        total = mx.distributed.all_sum(mine, group=self.group, stream=generation_stream)
+        return cast(list[int], total.tolist())
+
+    def broadcast_text(self, text: str | None) -> str:
+        """Rank 0's `text` on every rank (the others pass None)."""
+        data = list((text or "").encode()) if self.is_main else []
+        (n,) = self.broadcast([len(data)])
+        return bytes(self.broadcast(data + [0] * (n - len(data)))).decode()
 
     def check_same(self, what: str, digest: str):
         """Raise on every rank, naming the odd ones out, unless all have `digest`."""
         from mlx_lm.generate import generation_stream
 
-        mx.synchronize(generation_stream)  # no generation's collective still in flight
         mine = mx.array(list(bytes.fromhex(digest)), mx.uint8)
-        every = mx.distributed.all_gather(mine[None], group=self.group)
+        every = mx.distributed.all_gather(
+            mine[None], group=self.group, stream=generation_stream
+        )
         rows = [bytes(cast(list[int], row)).hex() for row in cast(list, every.tolist())]
         odd = [r for r, d in enumerate(rows) if d != rows[0]]
         if odd:

@@ -16,6 +16,11 @@ from lossless import oracle  # noqa: E402
 from dflash_mlx import distributed, load, load_draft, stream_generate  # noqa: E402
 
 
+def barrier():
+    # on generation's stream: after any collective a generation left in flight
+    mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=generation_stream))
+
+
 def _tokens(responses) -> list[int]:
     return [t for r in responses for t in r.tokens]
 
@@ -28,11 +33,11 @@ def main(spec_file: str):
             results[case["name"]] = run_case(case)
         except ValueError as e:  # the error cases: every rank reports its message
             results[case["name"]] = {"error": str(e)}
-        mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu))  # barrier
+        barrier()
     rank = mx.distributed.init().rank()
     if spec.get("die_rank") == rank:
         sys.exit(3)
-    mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu))
+    barrier()
     Path(spec["out"], f"rank{rank}.json").write_text(json.dumps(results))
 
 
@@ -45,7 +50,6 @@ def run_case(case: dict) -> dict:
     prompt, n = case["prompt"], case["max_tokens"]
     out = {"group": group.describe()}
     ref = [r.token for r in mlx_lm.stream_generate(model, tok, prompt, max_tokens=n)]
-    mx.synchronize(generation_stream)  # mlx-lm's look-ahead step ran collectives
     out["plain"] = ref
     drafters = {
         "random": draft,

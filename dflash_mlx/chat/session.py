@@ -27,6 +27,7 @@ class Settings:
     block_size: int | str | None = None  # None or "auto": adaptive; an int: fixed
     draft_on: bool = True
     color: bool = False
+    seed: int | None = None  # sampling seed; turn i draws with seed + i
 
 
 class ChatSession:
@@ -179,6 +180,7 @@ class ChatSession:
             top_k=s.top_k,
             min_p=s.min_p,
             prompt_cache=self.cache,
+            seed=None if s.seed is None else s.seed + len(self.turns),
         )
         failed = False
         try:
