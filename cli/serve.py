@@ -4,6 +4,7 @@ import re
 
 import typer
 
+from . import options
 from .options import DRAFT_HELP, MODEL_HELP, parse_block_size
 
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -30,7 +31,7 @@ def host_warning(host: str, api_key: str | None) -> str | None:
     )
 
 
-def _load(model, draft, no_draft, draft_bits, out):
+def _load(model, draft, no_draft, draft_bits, out, group=None):
     from dflash_mlx import load, load_draft
     from dflash_mlx.resolve import resolve_models
 
@@ -39,13 +40,17 @@ def _load(model, draft, no_draft, draft_bits, out):
 
     model, draft, note = resolve_models(model, draft, no_draft)
     with ui.loading(out, model):
-        target, tokenizer = load(model)
-        drafter = load_draft(draft, target=target, bits=draft_bits) if draft else None
+        target, tokenizer = load(model, distributed=group)
+        drafter = None
+        if draft:
+            drafter = load_draft(
+                draft, target=target, bits=draft_bits, distributed=group
+            )
         _warm_up(target, tokenizer, drafter)
     return (target, tokenizer, drafter), (model, draft, note)
 
 
-def _device_line() -> str:
+def _device_line(group=None) -> str:
     import mlx.core as mx
 
     from dflash_mlx.blas import blas_in_use
@@ -53,7 +58,10 @@ def _device_line() -> str:
     info = blas_in_use()
     blas = info["name"] + (f" ({info['path']})" if info["path"] else "")
     device = mx.default_device()
-    return f"device {getattr(device.type, 'name', device)} · BLAS {blas}"
+    line = f"device {getattr(device.type, 'name', device)} · BLAS {blas}"
+    if group is not None:
+        line += f" · {group.size} ranks ({group.backend}, {group.sharding} parallel)"
+    return line
 
 
 def serve(
@@ -103,17 +111,20 @@ def serve(
         0.0, "--temp", "-t", min=0.0, help="Temperature for requests that set none."
     ),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+    pipeline: bool = options.pipeline(),
 ):
     """Serve the model over HTTP (OpenAI, Anthropic and Responses APIs)."""
     from dflash_mlx.serve import MissingExtra, require_serve_extra
     from dflash_mlx.serve.config import ServeConfig
 
     from . import ui
+    from .ranks import join
 
     out = ui.console()
     try:
         require_serve_extra()
-    except MissingExtra as e:
+        group = join(pipeline)
+    except (MissingExtra, ValueError) as e:
         ui.error(out, str(e))
         raise typer.Exit(1) from None
     size = parse_block_size(block_size) or "auto"
@@ -124,6 +135,10 @@ def serve(
         ui.warning(out, warning)
     from dflash_mlx.serve.server import listen
 
+    if group is not None and not group.is_main:
+        loaded, _ = _load(model, draft, no_draft, draft_bits, out, group)
+        _follow(group, loaded, size, cache_bytes)
+        return
     try:
         sock = listen(host, port)  # before loading: a busy port fails fast
     except ValueError as e:
@@ -142,7 +157,7 @@ def serve(
     )
     try:
         loaded, (model_ref, draft_ref, note) = _load(
-            model, draft, no_draft, draft_bits, out
+            model, draft, no_draft, draft_bits, out, group
         )
         config = ServeConfig(
             model_id=model_name or _served_name(model_ref),
@@ -150,7 +165,7 @@ def serve(
             aliases=(model_ref,),
             **options,
         )
-        _run(out, loaded, config, note, sock, host, log_level)
+        _run(out, loaded, config, note, sock, host, log_level, group)
     except ValueError as e:
         ui.error(out, str(e))
         raise typer.Exit(1) from None
@@ -159,19 +174,38 @@ def serve(
     ui.info(out, "Server stopped.")
 
 
-def _run(out, loaded, config, note, sock, host, log_level):
+def _run(out, loaded, config, note, sock, host, log_level, group=None):
     from dflash_mlx.serve.app import create_app
+    from dflash_mlx.serve.mirror import Mirror
     from dflash_mlx.serve.server import run_server
 
     from . import ui
 
-    app = create_app(*loaded, config)
-    ui.serve_banner(out, config, note, _device_line())
+    app = create_app(*loaded, config, Mirror(group) if group is not None else None)
+    ui.serve_banner(out, config, note, _device_line(group))
     run_server(
         app,
         sock,
         log_level=log_level,
         on_ready=lambda port: ui.serve_ready(out, _url(host, port), config),
+    )
+
+
+def _follow(group, loaded, block_size, cache_bytes):
+    """A rank other than 0: no HTTP, the same engine operations as rank 0."""
+    from dflash_mlx.serve.config import ServeConfig
+    from dflash_mlx.serve.mirror import follow
+    from dflash_mlx.serve.scheduler import Job, start_generation
+    from dflash_mlx.serve.state import build_state
+
+    config = ServeConfig(
+        model_id="follower", block_size=block_size, prompt_cache_bytes=cache_bytes
+    )
+    scheduler = build_state(*loaded, config).scheduler
+    follow(
+        group,
+        lambda job, cache: start_generation(scheduler, Job(**job), cache),
+        scheduler.pool.make_cache,
     )
 
 

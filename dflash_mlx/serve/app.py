@@ -114,9 +114,10 @@ def _add_service_routes(app, state):
         return Response(body, media_type=media_type)
 
 
-def create_app(model, tokenizer, draft, config: ServeConfig):
+def create_app(model, tokenizer, draft, config: ServeConfig, mirror=None):
     """A FastAPI app serving `model` (and `draft`); the engine thread runs while the
-    app is up (its lifespan)."""
+    app is up (its lifespan). `mirror` (rank 0 of a sharded target) tells the other
+    ranks what the engine does."""
     require_serve_extra()
     from fastapi import FastAPI
 
@@ -124,7 +125,7 @@ def create_app(model, tokenizer, draft, config: ServeConfig):
     from . import anthropic_routes, openai_routes, responses_routes
     from .state import build_state
 
-    state = build_state(model, tokenizer, draft, config)
+    state = build_state(model, tokenizer, draft, config, mirror)
 
     @asynccontextmanager
     async def lifespan(app):

@@ -21,14 +21,15 @@ class PromptPool:
             )
         self.make_cache = make_cache
         self.max_bytes = max_bytes
-        self._entries: list[tuple[PromptCache, int]] = []  # oldest first
+        self._entries: list[tuple[PromptCache, int, int]] = []  # (cache, bytes, id)
+        self._next_id = 0
 
     def __len__(self) -> int:
         return len(self._entries)
 
     @property
     def nbytes(self) -> int:
-        return sum(size for _, size in self._entries)
+        return sum(entry[1] for entry in self._entries)
 
     def _usable_prefix(self, cache: PromptCache, prompt: Sequence[int]) -> int:
         n = _shared_prefix(cache.tokens, prompt)
@@ -37,21 +38,27 @@ class PromptPool:
             return 0
         return n
 
-    def take(self, prompt: Sequence[int]) -> PromptCache:
-        """The cache sharing the longest prefix with `prompt` (taken), or a new one."""
+    def take(self, prompt: Sequence[int]) -> tuple[PromptCache, int | None]:
+        """(the cache sharing the longest prefix with `prompt`, taken out, and its pool
+        id), or (a new cache, None)."""
         best, best_len = None, 0
-        for i, (cache, _) in enumerate(self._entries):
+        for i, (cache, _, _) in enumerate(self._entries):
             n = self._usable_prefix(cache, prompt)
             if n > best_len:
                 best, best_len = i, n
         if best is None:
-            return self.make_cache()
-        return self._entries.pop(best)[0]
+            return self.make_cache(), None
+        cache, _, pool_id = self._entries.pop(best)
+        return cache, pool_id
 
-    def give_back(self, cache: PromptCache):
-        """Keep `cache` as the most recent entry; drop the oldest beyond the budget."""
+    def give_back(self, cache: PromptCache) -> tuple[int | None, list[int]]:
+        """Keep `cache` as the most recent entry and drop the oldest beyond the budget:
+        (the id it is kept under or None, the ids dropped)."""
         if not cache.tokens:
-            return
-        self._entries.append((cache, cache.nbytes))
+            return None, []
+        pool_id, self._next_id = self._next_id, self._next_id + 1
+        self._entries.append((cache, cache.nbytes, pool_id))
+        dropped = []
         while self._entries and self.nbytes > self.max_bytes:
-            self._entries.pop(0)
+            dropped.append(self._entries.pop(0)[2])
+        return (None if pool_id in dropped else pool_id), dropped

@@ -113,6 +113,7 @@ class _Run:
     ticket: Ticket
     cache: PromptCache
     gen: Generator  # stream_generate's
+    number: int  # the run's id for the mirror
 
 
 class Scheduler:
@@ -129,6 +130,7 @@ class Scheduler:
         max_concurrency: int = 4,
         max_queue: int = 16,
         timeout: float = 600.0,
+        mirror=None,
     ):
         if max_concurrency < 1 or max_queue < 0 or timeout <= 0:
             raise ValueError(
@@ -144,6 +146,9 @@ class Scheduler:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self.active = 0  # jobs generating now (written by the engine thread only)
+        # a sharded target: every engine operation is first told to the other ranks
+        self.mirror = mirror
+        self._runs = 0
 
     # -- HTTP side -----------------------------------------------------------------
     @property
@@ -188,6 +193,8 @@ class Scheduler:
         try:
             self._serve_jobs()
         finally:
+            if self.mirror is not None:
+                self.mirror.stop()
             # MLX needs a thread's streams destroyed before the thread ends, or the
             # process can abort at exit ("terminate called without an active exception")
             mx.clear_streams()
@@ -209,6 +216,8 @@ class Scheduler:
                 if busy:
                     self._on_idle()
                 busy = False
+                if self.mirror is not None:
+                    self.mirror.idle()
                 continue
             busy = True
             run = active.popleft()
@@ -232,26 +241,12 @@ class Scheduler:
             return None
 
     def _start(self, ticket: Ticket) -> _Run:
-        from ..generate import stream_generate
-
         job = ticket.job
-        cache = self.pool.take(job.prompt)
-        gen = stream_generate(
-            self.target,
-            self.draft,
-            self.tokenizer,
-            list(job.prompt),
-            block_size=self.block_size,
-            max_tokens=job.max_tokens,
-            temperature=job.temperature,
-            top_p=job.top_p,
-            top_k=job.top_k,
-            min_p=job.min_p,
-            prompt_cache=cache,
-            seed=job.seed,  # its own random keys: no cross-talk between requests
-            logprobs=job.logprobs,
-        )
-        return _Run(ticket, cache, gen)
+        cache, pool_id = self.pool.take(job.prompt)
+        number, self._runs = self._runs, self._runs + 1
+        if self.mirror is not None:
+            self.mirror.start(number, job, pool_id)
+        return _Run(ticket, cache, start_generation(self, job, cache), number)
 
     def _step(self, run: _Run) -> bool:
         """Advance `run` by one block; False once it has ended."""
@@ -261,6 +256,8 @@ class Scheduler:
         if time.monotonic() > ticket.deadline:
             return self._end(run, self.timeout_failure())
         try:
+            if self.mirror is not None:
+                self.mirror.step(run.number)
             r = next(run.gen)
         except StopIteration:
             return self._end(run, Finished("done"))
@@ -283,13 +280,16 @@ class Scheduler:
     ) -> bool:
         """Close the generation and free its slot, then send its last events: a client
         that answers at once (a follow-up turn, /health) finds its cache in the pool."""
+        kept, dropped = None, []
         try:
             run.gen.close()  # rolls back a block still in flight
         except Exception:
             log.exception("closing a generation failed")
             keep_cache = False
         if keep_cache:
-            self.pool.give_back(run.cache)
+            kept, dropped = self.pool.give_back(run.cache)
+        if self.mirror is not None:
+            self.mirror.end(run.number, kept, dropped)
         self.active = max(0, self.active - 1)
         if last_block is not None:
             run.ticket.send(last_block)
@@ -319,6 +319,27 @@ class Scheduler:
             except queue.Empty:
                 break
         self.active = 0
+
+
+def start_generation(scheduler: Scheduler, job: Job, cache: PromptCache) -> Generator:
+    """`job`'s stream_generate on `cache` (follower ranks call it with the same job)."""
+    from ..generate import stream_generate
+
+    return stream_generate(
+        scheduler.target,
+        scheduler.draft,
+        scheduler.tokenizer,
+        list(job.prompt),
+        block_size=scheduler.block_size,
+        max_tokens=job.max_tokens,
+        temperature=job.temperature,
+        top_p=job.top_p,
+        top_k=job.top_k,
+        min_p=job.min_p,
+        prompt_cache=cache,
+        seed=job.seed,  # its own random keys: no cross-talk between requests
+        logprobs=job.logprobs,
+    )
 
 
 def _block_event(r, ticket: Ticket) -> BlockEvent:

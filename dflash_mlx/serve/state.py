@@ -32,7 +32,9 @@ class ServerState:
         )
 
 
-def build_state(model, tokenizer, draft, config: ServeConfig) -> ServerState:
+def build_state(
+    model, tokenizer, draft, config: ServeConfig, mirror=None
+) -> ServerState:
     """Wrap the loaded pair and make the engine, its prompt pool and the metrics."""
     from mlx_lm.generate import TextStateMachine, make_text_state_machine
 
@@ -66,6 +68,7 @@ def build_state(model, tokenizer, draft, config: ServeConfig) -> ServerState:
         max_concurrency=config.max_concurrency,
         max_queue=config.max_queue,
         timeout=config.request_timeout,
+        mirror=mirror,
     )
     max_block = draft.args.block_size if draft is not None else 1
     return ServerState(
