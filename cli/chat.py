@@ -27,7 +27,9 @@ class SoftInterrupt:
         return False
 
 
-def answer(session, out, text: str, note: str | None):
+def answer(session, out, text: str, note: str | None, group=None):
+    """Stream one answer; Ctrl-C stops it at the next block (on every rank: rank 0's
+    decision is shared once per block when the target is sharded)."""
     from . import ui
 
     try:
@@ -41,7 +43,11 @@ def answer(session, out, text: str, note: str | None):
             with ui.AnswerView(out, session.settings.color, note) as view:
                 for chunk in chunks:
                     view.update(chunk)
-                    if stop.requested:
+                    requested = stop.requested
+                    if group is not None:
+                        requested = bool(group.broadcast([int(requested)])[0])
+                    if requested:
+                        stop.requested = True
                         break
                 chunks.close()  # records the turn before the view prints its summary
                 stopped = (
@@ -78,11 +84,13 @@ def chat(
     color: bool = typer.Option(
         False, "--color", help="Colour tokens: drafted (green) vs target."
     ),
+    pipeline: bool = options.pipeline(),
 ):
     """Chat in the terminal with live tok/s and acceptance length."""
     from dflash_mlx.chat import Settings
 
     from . import ui
+    from .ranks import join
     from .session import open_session
 
     out = ui.console()
@@ -95,6 +103,7 @@ def chat(
         color=color,
     )
     try:
+        group = join(pipeline)
         session, note = open_session(
             model,
             draft,
@@ -103,6 +112,7 @@ def chat(
             thinking=thinking,
             settings=settings,
             status=lambda m: ui.loading(out, m),
+            distributed=group,
         )
     except ValueError as e:
         ui.error(out, str(e))
@@ -117,33 +127,48 @@ def chat(
             "thinking": _thinking_label(session),
         },
     )
-    _loop(session, out, note if session.draft is None else None)
+    _loop(session, out, note if session.draft is None else None, group)
 
 
-def _loop(session, out, note: str | None):
-    """Read messages until Ctrl-D or /exit: slash commands, else an answer."""
+_LEAVE = "\x04"  # what rank 0 tells the other ranks at Ctrl-D
+
+
+def _read(out, group) -> str:
+    """The next message: typed on rank 0, and shared with every rank."""
     from . import ui
 
-    while True:
+    text = None
+    if group is None or group.is_main:
         try:
             text = ui.read_message(out)
         except (EOFError, KeyboardInterrupt):
             out.print()
+            text = _LEAVE
+    return text if group is None else group.broadcast_text(text)
+
+
+def _loop(session, out, note: str | None, group=None):
+    """Read messages until Ctrl-D or /exit: slash commands, else an answer."""
+    while True:
+        text = _read(out, group)
+        if text == _LEAVE:
             return
         if not text.strip():
             continue
         if not text.lstrip().startswith("/"):
-            answer(session, out, text, note)
-        elif not _command(session, out, text):
+            answer(session, out, text, note, group)
+        elif not _command(session, out, text, group):
             return
 
 
-def _command(session, out, text: str) -> bool:
+def _command(session, out, text: str, group=None) -> bool:
     """Run one slash command; False when it asks to leave."""
     from dflash_mlx.chat import COMMANDS
 
     from . import ui
 
+    if group is not None and not group.is_main and text.lstrip().startswith("/save"):
+        return True  # rank 0 alone writes files
     try:
         action, message = session.command(text)
     except ValueError as e:
