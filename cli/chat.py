@@ -6,6 +6,11 @@ import typer
 
 from . import options
 
+NOT_UTF8 = (
+    "That message is not valid UTF-8 and was dropped: set the terminal's encoding to "
+    "UTF-8 (e.g. LANG=C.UTF-8)."
+)
+
 
 class SoftInterrupt:
     """First Ctrl-C stops the answer at the next block; a second one interrupts hard."""
@@ -82,19 +87,20 @@ def chat(
     """Chat in the terminal with live tok/s and acceptance length."""
     from dflash_mlx.chat import Settings
 
-    from . import ui
+    from . import errors, ui
     from .session import open_session
 
     out = ui.console()
-    settings = Settings(
-        temperature=temp,
-        top_p=top_p,
-        top_k=top_k,
-        max_tokens=max_tokens,
-        block_size=options.parse_block_size(block_size),
-        color=color,
-    )
-    try:
+    with errors.usage(out):
+        settings = Settings(
+            temperature=temp,
+            top_p=top_p,
+            top_k=top_k,
+            max_tokens=max_tokens,
+            block_size=options.parse_block_size(block_size),
+            color=color,
+        )
+    with errors.runtime(out):
         session, note = open_session(
             model,
             draft,
@@ -104,9 +110,6 @@ def chat(
             settings=settings,
             status=lambda m: ui.loading(out, m),
         )
-    except ValueError as e:
-        ui.error(out, str(e))
-        raise typer.Exit(1) from None
     ui.banner(
         out,
         {
@@ -121,15 +124,22 @@ def chat(
 
 
 def _loop(session, out, note: str | None):
-    """Read messages until Ctrl-D or /exit: slash commands, else an answer."""
+    """Read messages until Ctrl-D or /exit: slash commands, else an answer. Ctrl-C at
+    the prompt cancels the line being typed, as in Python's REPL."""
     from . import ui
 
     while True:
         try:
             text = ui.read_message(out)
-        except (EOFError, KeyboardInterrupt):
+        except EOFError:
             out.print()
             return
+        except KeyboardInterrupt:
+            ui.cancelled(out)
+            continue
+        except UnicodeDecodeError:
+            ui.error(out, NOT_UTF8)
+            continue
         if not text.strip():
             continue
         if not text.lstrip().startswith("/"):

@@ -31,25 +31,28 @@ def generate(
     seed: int | None = typer.Option(None, "--seed", help="Random seed for sampling."),
 ):
     """Generate one answer: text to stdout, statistics to stderr (or --json)."""
+    from dflash_mlx import validate
     from dflash_mlx.chat import Settings
 
-    from . import ui
+    from . import errors, ui
     from .session import open_session
 
     err = ui.console(stderr=True)
-    prompt = _read_prompt(err, prompt, max_tokens)
+    with errors.usage(err):
+        prompt = _read_prompt(prompt)
+        validate.seed(seed)
+        settings = Settings(
+            temperature=temp,
+            top_p=top_p,
+            top_k=top_k,
+            max_tokens=max_tokens,
+            block_size=options.parse_block_size(block_size),
+        )
     if seed is not None:
         import mlx.core as mx
 
         mx.random.seed(seed)
-    settings = Settings(
-        temperature=temp,
-        top_p=top_p,
-        top_k=top_k,
-        max_tokens=max_tokens,
-        block_size=options.parse_block_size(block_size),
-    )
-    try:
+    with errors.runtime(err):
         session, note = open_session(
             model,
             draft,
@@ -66,9 +69,6 @@ def generate(
             if not as_json:
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
-    except ValueError as e:
-        ui.error(err, str(e))
-        raise typer.Exit(1) from None
     if as_json:
         sampling = {"temperature": temp, "top_p": top_p, "top_k": top_k, "seed": seed}
         record = _record(session, note, text, stats, sampling)
@@ -106,20 +106,20 @@ def _record(session, note, text: str, stats, sampling: dict) -> dict:
     }
 
 
-def _read_prompt(err, prompt: str, max_tokens: int) -> str:
-    """The prompt (stdin for '-'); usage errors exit 2."""
-    from . import ui
+def _read_prompt(prompt: str) -> str:
+    """The prompt (stdin for '-'), checked: a ValueError if empty or not UTF-8."""
+    from dflash_mlx import validate
 
     if prompt == "-":
-        prompt = sys.stdin.read()
+        try:
+            prompt = sys.stdin.read()
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"The prompt on stdin is not valid UTF-8 (byte {e.object[e.start]:#x} "
+                f"at offset {e.start}): convert it, e.g. `iconv -f latin1 -t utf-8`."
+            ) from None
     if not prompt.strip():
-        ui.error(
-            err,
-            "The prompt is empty: pass --prompt TEXT, or --prompt - with text on "
-            "stdin.",
+        raise ValueError(
+            "The prompt is empty: pass --prompt TEXT, or --prompt - with text on stdin."
         )
-        raise typer.Exit(2)
-    if max_tokens == 0:
-        ui.error(err, "--max-tokens must be positive (or -1 for up to the context).")
-        raise typer.Exit(2)
-    return prompt
+    return validate.text(prompt)
