@@ -31,6 +31,11 @@ app.command("bench")(bench)
 app.command("doctor")(doctor)
 
 
+from .serve import serve  # noqa: E402
+
+app.command("serve")(serve)
+
+
 def main():
     """Console entry: on Linux, re-exec once with OpenBLAS preloaded (see blas.py), then
     run."""

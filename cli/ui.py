@@ -245,3 +245,36 @@ def loading(out: Console, what: str):
 
 def generate_stats(err: Console, stats, note: str | None = None):
     err.print(summary_line(stats, note))
+
+
+def warning(out: Console, message: str):
+    out.print(Text(f"warning: {message}", style="bold yellow"))
+
+
+def serve_banner(out: Console, config, note: str | None, device: str):
+    """What `dflash-mlx serve` runs: the pair, the engine settings and the device."""
+    out.print(
+        Text.assemble(("dflash-mlx serve", "bold"), "  ", (config.model_id, "cyan")),
+        soft_wrap=True,
+    )
+    if config.draft_id:
+        out.print(
+            Text.assemble(
+                "drafter ", (config.draft_id, "green"), f"  block {config.block_size}"
+            ),
+            soft_wrap=True,
+        )
+    if note:
+        out.print(Text(note, style="yellow"))
+    out.print(Text(device, style="dim"), soft_wrap=True)
+
+
+def serve_ready(out: Console, url: str, config):
+    out.print(
+        Text.assemble(
+            ("Ready", "bold green"),
+            f" at {url}  ({config.max_concurrency} concurrent, queue "
+            f"{config.max_queue}, max {config.max_tokens} tokens). Ctrl-C stops.",
+        ),
+        soft_wrap=True,
+    )

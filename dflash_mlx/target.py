@@ -29,7 +29,12 @@ from typing import Any
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx_lm.models.cache import ArraysCache, KVCache, RotatingKVCache
+from mlx_lm.models.cache import (
+    ArraysCache,
+    KVCache,
+    RotatingKVCache,
+    make_prompt_cache,
+)
 
 from .kernels import Kernels, for_device
 
@@ -301,8 +306,7 @@ class Target:
     def make_cache(self) -> list[Any]:
         """Per-layer caches that can all be rolled back (rotating caches become plain
         KV caches: the model's own masks keep the window)."""
-        make = getattr(self.model, "make_cache", None)
-        cache = make() if make else [KVCache() for _ in self.layers]
+        cache = make_prompt_cache(self.model)  # one per local layer when pipelined
         return [KVCache() if isinstance(c, RotatingKVCache) else c for c in cache]
 
     def embed(self, tokens: mx.array) -> mx.array:
@@ -347,11 +351,16 @@ class Target:
             return None
         if self.group is None or self.group.sharding != "pipeline":
             return mx.concatenate([outputs[i] for i in self.feature_layer_ids], -1)
-        # each pipeline stage has the outputs of its own layers: sum the zero-padded
-        # pieces over the stages so every rank gets them all
+        # Each pipeline stage has the outputs of its own layers: sum the zero-padded
+        # pieces over the stages so every rank gets them all. Stages run different
+        # graphs, so MLX could order this all-sum and the stages' send/recv differently
+        # on each rank (a deadlock): each collective is evaluated on its own, in order.
+        mx.eval(hidden)
         zeros = mx.zeros_like(hidden)
         parts = [outputs.get(i, zeros) for i in self.feature_layer_ids]
-        return mx.distributed.all_sum(mx.concatenate(parts, -1), group=self.group.group)
+        features = mx.distributed.all_sum(mx.concatenate(parts, -1), group=self.group.group)
+        mx.eval(features)
+        return features
 
     def rollback(self, cache: list[Any], tape: list, processed: int, keep: int):
         """Undo the last forward of `processed` tokens except its first `keep`."""

@@ -53,13 +53,14 @@ def run_case(case: dict) -> dict:
         "partial": oracle(draft, prompt + ref, lambda k, i: i % 4 == 0),
         "none": oracle(draft, prompt + ref, lambda k, i: True),
     }
-    for name, d in drafters.items():
-        for b in case["block_sizes"]:
-            responses = list(
-                stream_generate(model, d, tok, prompt, max_tokens=n, block_size=b)
+    for name, b in case["runs"]:  # (drafter, block size) pairs
+        responses = list(
+            stream_generate(
+                model, drafters[name], tok, prompt, max_tokens=n, block_size=b
             )
-            out[f"greedy/{name}/{b}"] = _tokens(responses)
-            out[f"accepted/{name}/{b}"] = max(r.accepted or 0 for r in responses)
+        )
+        out[f"greedy/{name}/{b}"] = _tokens(responses)
+        out[f"accepted/{name}/{b}"] = max(r.accepted or 0 for r in responses)
     for seed in (None, 3):
         responses = stream_generate(
             model, draft, tok, prompt, max_tokens=n, block_size="auto",

@@ -101,13 +101,13 @@ def _truncate(samples, max_len: int):
 
 
 def load_target(spec: str):
-    """A folder / Hub id through `dflash_mlx.load`; a .gguf file dequantized (exact
+    """A folder / Hub id through `dflash_mlx.load`; a .gguf file in float (exact
     weights, fast plain matmuls for the many forwards of data generation and
     features)."""
     if str(spec).endswith(".gguf"):
         from ..gguf import load_gguf
 
-        return load_gguf(str(spec), dequantize=True)
+        return load_gguf(str(spec))
     from ..loading import load
 
     return load(str(spec))

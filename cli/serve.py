@@ -1,0 +1,190 @@
+"""`dflash-mlx serve`: an OpenAI-, Anthropic- and Responses-compatible HTTP server."""
+
+import re
+
+import typer
+
+from .options import DRAFT_HELP, MODEL_HELP, parse_block_size
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(text: str, option: str) -> int:
+    """'2G', '512MiB', '1000000' -> bytes."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kmgt]?)(?:i?b)?\s*", text.lower())
+    if not m:
+        raise typer.BadParameter(
+            f"expected a size like 512M or 2G, got {text!r}.", param_hint=option
+        )
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def host_warning(host: str, api_key: str | None) -> str | None:
+    """The warning for a server reachable from other machines without a key."""
+    if host in LOOPBACK or api_key:
+        return None
+    return (
+        f"Listening on {host} without --api-key: anyone who can reach this machine "
+        "can use the model. Pass --api-key KEY, or --host 127.0.0.1."
+    )
+
+
+def _load(model, draft, no_draft, draft_bits, out):
+    from dflash_mlx import load, load_draft
+    from dflash_mlx.resolve import resolve_models
+
+    from . import ui
+    from .session import _warm_up
+
+    model, draft, note = resolve_models(model, draft, no_draft)
+    with ui.loading(out, model):
+        target, tokenizer = load(model)
+        drafter = load_draft(draft, target=target, bits=draft_bits) if draft else None
+        _warm_up(target, tokenizer, drafter)
+    return (target, tokenizer, drafter), (model, draft, note)
+
+
+def _device_line() -> str:
+    import mlx.core as mx
+
+    from dflash_mlx.blas import blas_in_use
+
+    info = blas_in_use()
+    blas = info["name"] + (f" ({info['path']})" if info["path"] else "")
+    device = mx.default_device()
+    return f"device {getattr(device.type, 'name', device)} · BLAS {blas}"
+
+
+def serve(
+    model: str | None = typer.Option(None, "--model", "-m", help=MODEL_HELP),
+    draft: str | None = typer.Option(None, "--draft", "-d", help=DRAFT_HELP),
+    no_draft: bool = typer.Option(False, "--no-draft", help="Plain decoding."),
+    block_size: str = typer.Option(
+        "auto", "--block-size", "-b", help="Verify block size, or 'auto'."
+    ),
+    draft_bits: int | None = typer.Option(
+        None, "--draft-bits", help="Quantize the drafter to 4 or 8 bits."
+    ),
+    max_tokens: int = typer.Option(
+        4096,
+        "--max-tokens",
+        "-n",
+        min=1,
+        help="Most tokens one request may generate (the default when it names none).",
+    ),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+    port: int = typer.Option(8080, "--port", "-p", min=0, max=65535),
+    api_key: str | None = typer.Option(
+        None,
+        "--api-key",
+        envvar="DFLASH_MLX_API_KEY",
+        help="Require this key (Authorization: Bearer KEY, or x-api-key).",
+    ),
+    model_name: str | None = typer.Option(
+        None, "--model-name", help="Model id to serve under (default: from --model)."
+    ),
+    max_concurrency: int = typer.Option(
+        4, "--max-concurrency", min=1, help="Requests generating at once."
+    ),
+    max_queue: int = typer.Option(
+        16, "--max-queue", min=0, help="Requests waiting; beyond it: 503."
+    ),
+    request_timeout: float = typer.Option(
+        600.0, "--request-timeout", min=1.0, help="Seconds per request."
+    ),
+    prompt_cache_bytes: str = typer.Option(
+        "2G", "--prompt-cache-bytes", help="Conversation caches kept (0 = none)."
+    ),
+    max_body_bytes: str = typer.Option(
+        "16M", "--max-body-bytes", help="Largest request body."
+    ),
+    temp: float = typer.Option(
+        0.0, "--temp", "-t", min=0.0, help="Temperature for requests that set none."
+    ),
+    log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
+):
+    """Serve the model over HTTP (OpenAI, Anthropic and Responses APIs)."""
+    from dflash_mlx.serve import MissingExtra, require_serve_extra
+    from dflash_mlx.serve.config import ServeConfig
+
+    from . import ui
+
+    out = ui.console()
+    try:
+        require_serve_extra()
+    except MissingExtra as e:
+        ui.error(out, str(e))
+        raise typer.Exit(1) from None
+    size = parse_block_size(block_size) or "auto"
+    cache_bytes = parse_bytes(prompt_cache_bytes, "--prompt-cache-bytes")
+    body_bytes = parse_bytes(max_body_bytes, "--max-body-bytes")
+    warning = host_warning(host, api_key)
+    if warning:
+        ui.warning(out, warning)
+    from dflash_mlx.serve.server import listen
+
+    try:
+        sock = listen(host, port)  # before loading: a busy port fails fast
+    except ValueError as e:
+        ui.error(out, str(e))
+        raise typer.Exit(1) from None
+    options = dict(
+        block_size=size,
+        max_tokens=max_tokens,
+        temperature=temp,
+        max_concurrency=max_concurrency,
+        max_queue=max_queue,
+        request_timeout=request_timeout,
+        prompt_cache_bytes=cache_bytes,
+        max_body_bytes=body_bytes,
+        api_key=api_key,
+    )
+    try:
+        loaded, (model_ref, draft_ref, note) = _load(
+            model, draft, no_draft, draft_bits, out
+        )
+        config = ServeConfig(
+            model_id=model_name or _served_name(model_ref),
+            draft_id=draft_ref,
+            aliases=(model_ref,),
+            **options,
+        )
+        _run(out, loaded, config, note, sock, host, log_level)
+    except ValueError as e:
+        ui.error(out, str(e))
+        raise typer.Exit(1) from None
+    finally:
+        sock.close()
+    ui.info(out, "Server stopped.")
+
+
+def _run(out, loaded, config, note, sock, host, log_level):
+    from dflash_mlx.serve.app import create_app
+    from dflash_mlx.serve.server import run_server
+
+    from . import ui
+
+    app = create_app(*loaded, config)
+    ui.serve_banner(out, config, note, _device_line())
+    run_server(
+        app,
+        sock,
+        log_level=log_level,
+        on_ready=lambda port: ui.serve_ready(out, _url(host, port), config),
+    )
+
+
+def _url(host: str, port: int) -> str:
+    shown = "127.0.0.1" if host in ("0.0.0.0", "") else host
+    return f"http://{f'[{shown}]' if ':' in shown else shown}:{port}/v1"
+
+
+def _served_name(model_ref: str) -> str:
+    """A short model id: the folder or file name, or the Hub repo id as it is."""
+    from pathlib import Path
+
+    path = Path(model_ref).expanduser()
+    if path.exists():
+        return path.stem if path.is_file() else path.name
+    return model_ref

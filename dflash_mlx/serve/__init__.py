@@ -1,0 +1,31 @@
+"""`dflash-mlx serve`: OpenAI-, Anthropic- and Responses-compatible HTTP server.
+
+A thin layer over the engine: `scheduler` owns every MLX call on one thread and speaks
+token ids; the route modules turn HTTP requests into token ids and blocks of committed
+ids back into each API's wire format. Needs the `serve` extra (FastAPI, uvicorn,
+pydantic, prometheus-client): `pip install 'dflash-mlx[serve]'`.
+"""
+
+SERVE_EXTRA_FIX = "pip install 'dflash-mlx[serve]'"
+_SERVE_MODULES = ("fastapi", "uvicorn", "pydantic", "prometheus_client")
+
+
+class MissingExtra(RuntimeError):
+    """The serve extra is not installed; the message says how to install it."""
+
+
+def require_serve_extra():
+    """Raise MissingExtra naming the fix when a server dependency cannot be imported."""
+    import importlib
+
+    missing = []
+    for name in _SERVE_MODULES:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise MissingExtra(
+            f"The server needs {', '.join(missing)}: install it with "
+            f"`{SERVE_EXTRA_FIX}`."
+        )

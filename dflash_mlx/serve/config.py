@@ -1,0 +1,30 @@
+"""Server options (the `dflash-mlx serve` flags), as one value the app is built from."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ServeConfig:
+    model_id: str  # the name /v1/models lists and requests use
+    draft_id: str | None = None
+    aliases: tuple[str, ...] = ()  # other model names requests may use
+    block_size: int | str = "auto"
+    max_tokens: int = 4096  # cap per request, and the default when none is given
+    temperature: float = 0.0  # defaults for requests that give no sampling values
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    max_concurrency: int = 4
+    max_queue: int = 16
+    request_timeout: float = 600.0  # seconds, queueing included
+    prompt_cache_bytes: int = 2 << 30
+    max_body_bytes: int = 16 << 20
+    api_key: str | None = None
+
+    def __post_init__(self):
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}.")
+        if self.max_body_bytes < 1024:
+            raise ValueError(
+                f"max_body_bytes must be at least 1024, got {self.max_body_bytes}."
+            )

@@ -1,0 +1,77 @@
+"""Prometheus metrics for GET /metrics, in a registry of the app's own (no globals)."""
+
+_TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+_TPS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+
+
+class Metrics:
+    """Requests, tokens, acceptance lengths, queue depth, TTFT, decode tok/s."""
+
+    def __init__(self, scheduler, max_block: int):
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+        r = self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "dflash_requests",
+            "Requests by endpoint and outcome.",
+            ["endpoint", "status"],
+            registry=r,
+        )
+        self.prompt_tokens = Counter(
+            "dflash_prompt_tokens", "Prompt tokens of served requests.", registry=r
+        )
+        self.cached_tokens = Counter(
+            "dflash_cached_prompt_tokens",
+            "Prompt tokens served from the prompt cache.",
+            registry=r,
+        )
+        self.generated_tokens = Counter(
+            "dflash_generated_tokens", "Tokens generated.", registry=r
+        )
+        self.acceptance = Histogram(
+            "dflash_acceptance_length",
+            "Tokens committed per verify step (tau).",
+            buckets=list(range(1, max(max_block, 1) + 1)),
+            registry=r,
+        )
+        self.ttft = Histogram(
+            "dflash_time_to_first_token_seconds",
+            "Seconds from a request's arrival to its first token (queueing included).",
+            buckets=_TTFT_BUCKETS,
+            registry=r,
+        )
+        self.decode = Histogram(
+            "dflash_decode_tokens_per_second",
+            "Per-request decode speed after the first token.",
+            buckets=_TPS_BUCKETS,
+            registry=r,
+        )
+        Gauge(
+            "dflash_queue_depth", "Requests waiting for a slot.", registry=r
+        ).set_function(lambda: scheduler.waiting)
+        Gauge(
+            "dflash_active_requests", "Requests generating now.", registry=r
+        ).set_function(lambda: scheduler.active)
+
+    def count(self, endpoint: str, status: str):
+        self.requests.labels(endpoint, status).inc()
+
+    def observe_block(self, event):
+        if event.first:
+            self.ttft.observe(event.elapsed)
+        else:
+            self.acceptance.observe(len(event.tokens))
+
+    def observe_end(self, endpoint: str, status: str, generation):
+        self.count(endpoint, status)
+        stats = generation.stats
+        self.prompt_tokens.inc(stats.prompt_tokens)
+        self.cached_tokens.inc(stats.cached_tokens)
+        self.generated_tokens.inc(generation.completion_tokens)
+        if stats.verify_steps:
+            self.decode.observe(stats.decode_tps)
+
+    def render(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,245 @@
+"""One request on the HTTP side: checks its limits, submits it to the engine, and turns
+the engine's block events into `Delta`s, usage and DFlash statistics."""
+
+import asyncio
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass, field
+
+from .errors import ApiError
+from .scheduler import Failed, Finished, Job, QueueFull, ShuttingDown
+from .textstream import Delta, TextStream
+
+RETRY_AFTER_S = 1
+CHECK_EVERY_S = 0.25  # how often a non-streaming request checks its client is there
+
+
+class ClientGone(Exception):
+    """The client disconnected while its response was being generated."""
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """A request's generation options; None means the server's default."""
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logprobs: int = 0  # alternatives per token (0 = no logprobs)
+
+
+@dataclass
+class RequestStats:
+    """Usage and the `x_dflash` numbers of one request."""
+
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
+    verify_steps: int = 0
+    committed: int = 0  # tokens those steps committed
+    drafted: int = 0  # drafts the target verified
+    accepted: int = 0  # drafts it accepted
+    block_sizes: Counter = field(default_factory=Counter)
+    ttft_s: float | None = None
+    prompt_tps: float = 0.0
+    decode_tps: float = 0.0
+
+    def add(self, event):
+        if event.first:
+            self.prompt_tokens, self.cached_tokens = (
+                event.prompt_tokens,
+                event.reused_tokens,
+            )
+            self.ttft_s, self.prompt_tps = event.elapsed, event.prompt_tps
+        else:
+            self.verify_steps += 1
+            self.committed += len(event.tokens)
+            self.drafted += event.block_size - 1
+            self.accepted += event.from_draft
+            self.block_sizes[event.block_size] += 1
+        self.decode_tps = event.generation_tps
+
+    def x_dflash(self, draft: str | None) -> dict:
+        steps = self.verify_steps
+        return {
+            "draft": draft,
+            "mean_tau": self.committed / steps if steps else None,
+            "verify_steps": steps,
+            "drafted_tokens": self.drafted,
+            "accepted_tokens": self.accepted,
+            "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
+            "block_sizes": {str(k): v for k, v in sorted(self.block_sizes.items())},
+            "ttft_s": self.ttft_s,
+            "prompt_tps": self.prompt_tps,
+            "decode_tps": self.decode_tps,
+        }
+
+
+class Generation:
+    """A submitted request; iterate `deltas()` (streams) or await `collect()`."""
+
+    def __init__(self, state, ticket, text: TextStream, endpoint: str):
+        self.state, self.ticket, self.text = state, ticket, text
+        self.endpoint = endpoint
+        self.stats = RequestStats()
+        self.finish: str | None = None  # "eos", "length" or "stop" (a stop string)
+        self._checked = time.monotonic()
+
+    @property
+    def completion_tokens(self) -> int:
+        return len(self.text.tokens)
+
+    @property
+    def stop_sequence(self) -> str | None:
+        return self.text.stop_hit
+
+    def usage(self) -> dict:
+        s = self.stats
+        return {
+            "prompt_tokens": s.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": s.prompt_tokens + self.completion_tokens,
+            "prompt_tokens_details": {"cached_tokens": s.cached_tokens},
+        }
+
+    def x_dflash(self) -> dict:
+        return self.stats.x_dflash(self.state.config.draft_id)
+
+    async def deltas(
+        self, disconnected: Callable[[], Awaitable[bool]] | None = None
+    ) -> AsyncIterator[Delta]:
+        """Output as it is generated; raises ApiError if generation fails."""
+        status = "cancelled"
+        try:
+            while self.finish is None:
+                event = await self._next_event(disconnected)
+                if isinstance(event, Failed):
+                    raise ApiError(event.status, event.message, code=event.code)
+                if isinstance(event, Finished):  # ended without a finish reason
+                    self.finish = "length"
+                    break
+                self.stats.add(event)
+                self.state.metrics.observe_block(event)
+                delta = self.text.feed(
+                    event.tokens, event.logprobs, event.finish_reason == "stop"
+                )
+                if self.text.stop_hit is not None:
+                    self.finish = "stop"
+                elif event.finish_reason is not None:
+                    self.finish = "eos" if event.finish_reason == "stop" else "length"
+                if self.finish is not None:
+                    self.ticket.cancel()  # a stop string: no more blocks needed
+                    delta.extend(self.text.finish())
+                if delta:
+                    yield delta
+            status = "ok"
+        except ApiError as e:
+            status, e.counted = e.metric_status, True
+            raise
+        except ClientGone:
+            raise
+        except Exception:
+            status = "error"
+            raise
+        finally:
+            self.ticket.cancel()  # client gone or error: free the engine slot
+            self.state.metrics.observe_end(self.endpoint, status, self)
+
+    async def collect(self, disconnected=None) -> Delta:
+        """The whole output (non-streaming responses)."""
+        total = Delta()
+        async for delta in self.deltas(disconnected):
+            total.extend(delta)
+        return total
+
+    async def _next_event(self, disconnected):
+        # The engine times out running jobs itself; this also covers a queued one.
+        while True:
+            now = time.monotonic()
+            if disconnected is not None and now - self._checked >= CHECK_EVERY_S:
+                self._checked = now  # a client that gave up: stop at the next block
+                if await disconnected():
+                    raise ClientGone
+            left = self.ticket.deadline - now + 1.0
+            if left <= 0:
+                failure = self.state.scheduler.timeout_failure()
+                raise ApiError(failure.status, failure.message, code=failure.code)
+            try:
+                return await self.ticket.next_event(min(left, CHECK_EVERY_S))
+            except asyncio.TimeoutError:
+                continue
+
+
+def make_job(state, ids: list[int], sampling: Sampling) -> Job:
+    """The engine job for `ids`, with the server's defaults and limits applied."""
+    cfg = state.config
+    if not ids:
+        raise ApiError(400, "The prompt is empty: send some text.", param="prompt")
+    context = state.context_length
+    if context is not None and len(ids) >= context:
+        raise ApiError(
+            400,
+            f"The prompt is {len(ids)} tokens but the model's context window is "
+            f"{context}: shorten the conversation.",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    max_tokens = sampling.max_tokens or cfg.max_tokens
+    if max_tokens > cfg.max_tokens:
+        raise ApiError(
+            400,
+            f"max_tokens {max_tokens} is above this server's cap of {cfg.max_tokens} "
+            "(--max-tokens): ask for fewer.",
+            param="max_tokens",
+        )
+    if context is not None:
+        max_tokens = min(max_tokens, context - len(ids))
+    pick = lambda value, default: default if value is None else value  # noqa: E731
+    return Job(
+        prompt=tuple(ids),
+        max_tokens=max_tokens,
+        temperature=pick(sampling.temperature, cfg.temperature),
+        top_p=pick(sampling.top_p, cfg.top_p),
+        top_k=pick(sampling.top_k, cfg.top_k),
+        min_p=pick(sampling.min_p, cfg.min_p),
+        seed=sampling.seed,
+        logprobs=sampling.logprobs,
+    )
+
+
+def start(
+    state,
+    ids: list[int],
+    sampling: Sampling,
+    endpoint: str,
+    *,
+    tools=None,
+    initial_state: str = "normal",
+    raw: bool = False,
+) -> Generation:
+    """Validate and submit a request; 503 with Retry-After when the queue is full.
+
+    `raw` (text completions) turns off the reasoning/tool-call split."""
+    job = make_job(state, ids, sampling)
+    try:
+        ticket = state.scheduler.submit(job, asyncio.get_running_loop())
+    except (QueueFull, ShuttingDown) as e:
+        raise ApiError(
+            503,
+            str(e),
+            code="server_overloaded",
+            headers={"Retry-After": str(RETRY_AFTER_S)},
+        ) from None
+    machine = state.raw_machine if raw else state.machine
+    text = TextStream(
+        state.tokenizer,
+        machine,
+        stop=sampling.stop,
+        tools=tools,
+        initial_state=initial_state,
+    )
+    return Generation(state, ticket, text, endpoint)

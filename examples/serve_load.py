@@ -1,0 +1,262 @@
+"""Load benchmark: N concurrent clients against `dflash-mlx serve` and `mlx_lm.server`.
+
+    python examples/serve_load.py                       # default pair, 1/4/8 clients
+    python examples/serve_load.py --model M --draft D --clients 1,4,8 --requests 4
+
+Each server is started in turn on the same target (a GGUF target is exported once to an
+MLX folder for `mlx_lm.server`, which cannot read GGUF), warmed up, then driven by N
+client threads that each stream `--requests` gsm8k chat completions (greedy, usage
+included) one after another. Per server and N: requests/s, TTFT p50/p95, per-client
+decode tok/s, aggregate tok/s and errors; then whether every greedy answer of dflash
+equals mlx-lm's. A table, then one JSON line. Only `httpx` is needed on the client side.
+"""
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--model", help="target (default: the built-in one)")
+    p.add_argument("--draft", help="DFlash drafter (default: the target's)")
+    p.add_argument("--clients", default="1,4,8", help="comma list of client counts")
+    p.add_argument("--requests", type=int, default=4, help="requests per client")
+    p.add_argument("--max-tokens", type=int, default=256)
+    p.add_argument("--dataset", default="gsm8k")
+    p.add_argument("--servers", default="dflash,mlx-lm")
+    p.add_argument("--port", type=int, default=8181)
+    p.add_argument("--block-size", default="auto")
+    p.add_argument("--json", help="write every request's record to this file")
+    return p.parse_args()
+
+
+def mlx_lm_folder(model_ref: str) -> str:
+    """A path `mlx_lm.server` can load: the model itself, or a GGUF exported once."""
+    if not model_ref.endswith(".gguf"):
+        return model_ref
+    from mlx_lm.utils import save_config, save_model
+
+    from dflash_mlx import load
+    from dflash_mlx.gguf import model_config, read_gguf
+
+    cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    out = cache / "dflash-mlx" / "mlx-export" / Path(model_ref).stem
+    if (out / "config.json").exists():
+        return str(out)
+    model, tokenizer = load(model_ref)  # dequantized, rows in Hugging Face order
+    weights, metadata = read_gguf(model_ref)
+    config = model_config(metadata, weights)
+    config["eos_token_id"] = sorted(tokenizer.eos_token_ids)
+    save_model(out, model)
+    save_config(config, out / "config.json")
+    tokenizer.save_pretrained(str(out))
+    return str(out)
+
+
+def fast_blas_env() -> dict:
+    """The environment with OpenBLAS preloaded where installed (as dflash-mlx does)."""
+    from dflash_mlx.blas import find_openblas
+
+    env = dict(os.environ)
+    lib = find_openblas()
+    if lib and sys.platform.startswith("linux"):
+        env["LD_PRELOAD"] = lib
+    return env
+
+
+def servers_blas() -> str:
+    """The BLAS both servers run on (they get `fast_blas_env`)."""
+    from dflash_mlx.bench import detect_blas
+
+    preload = fast_blas_env().get("LD_PRELOAD")
+    if sys.platform.startswith("linux") and preload:
+        return f"OpenBLAS ({preload}), preloaded in both servers"
+    return detect_blas()
+
+
+def start(kind: str, args, target: str, draft: str | None, port: int, width: int):
+    if kind == "dflash":
+        cmd = [sys.executable, "-m", "dflash_mlx.cli.main", "serve", "--model", target]
+        cmd += ["--draft", draft] if draft else ["--no-draft"]
+        cmd += ["--port", str(port), "--block-size", args.block_size]
+        cmd += ["--max-concurrency", str(width), "--max-queue", "256"]
+        cmd += ["--max-tokens", str(max(args.max_tokens, 1))]
+    else:
+        cmd = [sys.executable, "-m", "mlx_lm.server", "--model", mlx_lm_folder(target)]
+        cmd += ["--port", str(port), "--max-tokens", str(args.max_tokens)]
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=fast_blas_env()
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"{kind} server exited: {proc.stderr.read().decode()}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.5)
+    proc.kill()
+    raise SystemExit(f"{kind} server did not start in 10 minutes")
+
+
+def model_name(kind: str, url: str) -> str:
+    if kind != "dflash":
+        return "default_model"  # mlx_lm.server: the model it was started with
+    return httpx.get(url + "/v1/models").json()["data"][0]["id"]
+
+
+def stream_one(http: httpx.Client, url: str, model: str, prompt: str, max_tokens: int):
+    """One streamed greedy chat completion: timings, token count, text, error."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    tic = time.perf_counter()
+    first, text, tokens, error = None, "", 0, None
+    try:
+        with http.stream("POST", url + "/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                r.read()
+                raise RuntimeError(f"HTTP {r.status_code}: {r.text[:200]}")
+            for line in r.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise RuntimeError(chunk["error"].get("message"))
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                for choice in chunk.get("choices", []):
+                    piece = (choice.get("delta") or {}).get("content") or ""
+                    if piece and first is None:
+                        first = time.perf_counter()
+                    text += piece
+    except Exception as e:  # counted, reported, never fatal
+        error = str(e)
+    end = time.perf_counter()
+    first = first or end
+    decode = (tokens - 1) / (end - first) if tokens > 1 and end > first else None
+    return {
+        "ttft_s": first - tic,
+        "seconds": end - tic,
+        "tokens": tokens,
+        "decode_tps": decode,
+        "text": text,
+        "error": error,
+    }
+
+
+def run_clients(url, model, prompts, clients, per_client, max_tokens):
+    def client(i):
+        with httpx.Client(timeout=3600) as http:
+            out = []
+            for j in range(per_client):
+                k = (i * per_client + j) % len(prompts)
+                rec = stream_one(http, url, model, prompts[k], max_tokens)
+                out.append({**rec, "prompt": k, "client": i})
+            return out
+
+    tic = time.perf_counter()
+    with ThreadPoolExecutor(clients) as pool:
+        records = [r for rs in pool.map(client, range(clients)) for r in rs]
+    return records, time.perf_counter() - tic
+
+
+def percentile(values, q):
+    values = sorted(values)
+    return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
+
+
+def summarize(kind, clients, records, wall):
+    ok = [r for r in records if r["error"] is None]
+    ttft = [r["ttft_s"] for r in ok] or [float("nan")]
+    decode = [r["decode_tps"] for r in ok if r["decode_tps"]]
+    return {
+        "server": kind,
+        "clients": clients,
+        "requests": len(records),
+        "errors": len(records) - len(ok),
+        "requests_per_s": len(ok) / wall,
+        "ttft_p50_s": percentile(ttft, 0.5),
+        "ttft_p95_s": percentile(ttft, 0.95),
+        "client_decode_tps": statistics.mean(decode) if decode else None,
+        "aggregate_tps": sum(r["tokens"] for r in ok) / wall,
+    }
+
+
+def print_table(rows):
+    head = f"{'server':8} {'N':>3} {'req':>4} {'err':>3} {'req/s':>6} {'TTFT p50':>9} "
+    head += f"{'TTFT p95':>9} {'tok/s/client':>12} {'tok/s total':>11}"
+    print(head)
+    for r in rows:
+        per_client = r["client_decode_tps"]
+        per_client = "-" if per_client is None else f"{per_client:.1f}"
+        ttft = f"{r['ttft_p50_s']:>8.2f}s {r['ttft_p95_s']:>8.2f}s"
+        print(
+            f"{r['server']:8} {r['clients']:>3} {r['requests']:>4} {r['errors']:>3} "
+            f"{r['requests_per_s']:>6.2f} {ttft} {per_client:>12} "
+            f"{r['aggregate_tps']:>11.1f}"
+        )
+
+
+def main():
+    args = parse_args()
+    from dflash_mlx.datasets import load_dataset
+    from dflash_mlx.resolve import resolve_models
+
+    target, draft, _ = resolve_models(args.model, args.draft)
+    counts = [int(c) for c in args.clients.split(",")]
+    need = max(counts) * args.requests
+    prompts = [s.turns[0] for s in load_dataset(args.dataset, need)]
+    rows, texts, everything = [], {}, []
+    for kind in args.servers.split(","):
+        proc, url = start(kind, args, target, draft, args.port, max(counts))
+        try:
+            model = model_name(kind, url)
+            with httpx.Client(timeout=3600) as http:
+                stream_one(http, url, model, prompts[0], 8)  # warm-up
+            for n in counts:
+                records, wall = run_clients(
+                    url, model, prompts, n, args.requests, args.max_tokens
+                )
+                rows.append(summarize(kind, n, records, wall))
+                everything += [{**r, "server": kind, "clients": n} for r in records]
+                for r in records:
+                    texts.setdefault(kind, {}).setdefault(r["prompt"], set()).add(
+                        r["text"]
+                    )
+        finally:
+            proc.terminate()
+            proc.wait(60)
+    print(f"target {target}  drafter {draft}  BLAS {servers_blas()}")
+    print_table(rows)
+    identical = None
+    if {"dflash", "mlx-lm"} <= set(texts):
+        shared = set(texts["dflash"]) & set(texts["mlx-lm"])
+        identical = all(texts["dflash"][k] == texts["mlx-lm"][k] for k in shared)
+        print(
+            f"greedy outputs identical to mlx-lm's: {identical} ({len(shared)} prompts)"
+        )
+    if args.json:
+        Path(args.json).write_text(json.dumps(everything, indent=1) + "\n")
+    print(json.dumps({"rows": rows, "identical": identical, "blas": servers_blas()}))
+
+
+if __name__ == "__main__":
+    main()

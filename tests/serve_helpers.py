@@ -1,0 +1,111 @@
+"""Real uvicorn servers on 127.0.0.1 for the serve tests, and what drives them."""
+
+import threading
+import time
+
+from oracles import OracleDraft
+
+from dflash_mlx.draft import Model
+from dflash_mlx.generate import stream_generate
+from dflash_mlx.serve.app import create_app
+from dflash_mlx.serve.config import ServeConfig
+from dflash_mlx.serve.server import listen, make_server
+
+
+class LiveServer:
+    """`create_app` under uvicorn on a free port, in a background thread."""
+
+    def __init__(self, model, tokenizer, draft, **config):
+        config.setdefault("model_id", "tiny")
+        self.app = create_app(model, tokenizer, draft, ServeConfig(**config))
+        self.sock = listen("127.0.0.1", 0)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        self.server = make_server(self.app, self.sock)
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+
+    @property
+    def state(self):
+        return self.app.state.server
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(30)
+        self.sock.close()
+
+    def wait_idle(self, timeout: float = 10.0):
+        """Until no request is generating or waiting (a cancel lags up to a block)."""
+        scheduler = self.state.scheduler
+        deadline = time.monotonic() + timeout
+        while scheduler.active or scheduler.waiting:
+            assert time.monotonic() < deadline, "the engine did not go idle"
+            time.sleep(0.02)
+
+
+class FailingOracle(OracleDraft):
+    """An oracle drafter that raises once the context is longer than `fail_beyond`."""
+
+    def __init__(self, args, reference, fail_beyond: int):
+        super().__init__(args, reference)
+        self.fail_beyond = fail_beyond
+
+    def __call__(self, block_embeddings, cache):
+        if cache[0].offset > self.fail_beyond:
+            raise RuntimeError("injected drafter failure")
+        return super().__call__(block_embeddings, cache)
+
+
+def chat_ids(tokenizer, messages, **template_kwargs) -> list[int]:
+    text = tokenizer.apply_chat_template(
+        messages, add_generation_prompt=True, tokenize=False, **template_kwargs
+    )
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def reference(model, draft, tokenizer, ids, max_tokens: int) -> tuple[list[int], str]:
+    """(tokens, text) that `dflash_mlx.generate` gives for `ids` (greedy)."""
+    tokens, text = [], ""
+    for r in stream_generate(model, draft, tokenizer, ids, max_tokens=max_tokens):
+        tokens += r.tokens
+        text += r.text
+    return tokens, text
+
+
+def sse_events(response) -> list[tuple[str | None, str]]:
+    """(event name, data) of every server-sent event in an httpx streaming response."""
+    events, name = [], None
+    for line in response.iter_lines():
+        if line.startswith("event: "):
+            name = line[len("event: ") :]
+        elif line.startswith("data: "):
+            events.append((name, line[len("data: ") :]))
+            name = None
+    return events
+
+
+class SlowDraft(Model):
+    """A drafter that sleeps before every draft: holds a request in flight for as
+    long as a test needs, without spending CPU."""
+
+    def __init__(self, args, seconds: float):
+        super().__init__(args)
+        self.seconds = seconds
+
+    def __call__(self, block_embeddings, cache):
+        time.sleep(self.seconds)
+        return super().__call__(block_embeddings, cache)
+
+
+def copy_weights(double, draft):
+    """`double` (a drafter test double) with `draft`'s weights."""
+    double.update(draft.parameters())
+    return double

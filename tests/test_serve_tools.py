@@ -1,0 +1,158 @@
+"""serve: tool calls and reasoning, parsed by mlx-lm's own tool parser and thinking
+markers, from a scripted tiny model (tests/scripted.py) through the real engine."""
+
+import json
+
+import anthropic
+import httpx
+import openai
+import pytest
+import scripted
+import tiny
+from serve_helpers import LiveServer, sse_events
+
+from dflash_mlx import load, load_draft
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "Weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {"city": {"type": "string"}},
+            },
+        },
+    }
+]
+ASK = [{"role": "user", "content": "Weather in Paris?"}]
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+CALL = {"city": "Paris"}
+
+
+@pytest.fixture(scope="module")
+def server(models_dir):
+    t = scripted.make_scripted_target(models_dir / "scripted-target")
+    d = tiny.make_draft(models_dir / "scripted-draft", t, num_layers=1)
+    model, tokenizer = load(str(t))
+    assert tokenizer.has_tool_calling and tokenizer.has_thinking
+    with LiveServer(model, tokenizer, load_draft(str(d))) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
+
+
+def test_a_tool_call_comes_back_as_tool_calls(client):
+    r = client.chat.completions.create(
+        model="tiny", messages=ASK, tools=TOOLS, extra_body=NO_THINKING
+    )
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content is None
+    (call,) = choice.message.tool_calls
+    assert call.type == "function" and call.function.name == "get_weather"
+    assert json.loads(call.function.arguments) == CALL
+    # the answer feeds back: the assistant's call and the tool's result
+    follow_up = ASK + [
+        choice.message.model_dump(exclude_none=True),
+        {"role": "tool", "tool_call_id": call.id, "content": "sunny"},
+    ]
+    again = client.chat.completions.create(
+        model="tiny", messages=follow_up, tools=TOOLS, extra_body=NO_THINKING
+    )
+    assert again.choices[0].finish_reason == "tool_calls"
+
+
+def test_streamed_tool_calls_never_leak_markup(client):
+    chunks = list(
+        client.chat.completions.create(
+            model="tiny", messages=ASK, tools=TOOLS, stream=True, extra_body=NO_THINKING
+        )
+    )
+    content = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert "<tool_call>" not in content and "get_weather" not in content
+    calls = [t for c in chunks for t in c.choices[0].delta.tool_calls or []]
+    assert [(t.index, t.function.name) for t in calls] == [(0, "get_weather")]
+    assert json.loads(calls[0].function.arguments) == CALL
+    assert chunks[-1].choices[0].finish_reason == "tool_calls"
+
+
+def test_thinking_goes_to_reasoning_content(client):
+    r = client.chat.completions.create(
+        model="tiny", messages=ASK
+    )  # template default: on
+    message = r.choices[0].message
+    assert message.reasoning_content == scripted.THINK
+    assert message.content == scripted.ANSWER
+    assert r.choices[0].finish_reason == "stop"
+    chunks = list(
+        client.chat.completions.create(model="tiny", messages=ASK, stream=True)
+    )
+    deltas = [c.choices[0].delta for c in chunks]
+    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == (
+        scripted.THINK
+    )
+    assert "".join(d.content or "" for d in deltas) == scripted.ANSWER
+
+
+def test_anthropic_tool_use_and_thinking_blocks(server):
+    claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
+    tools = [
+        {"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}
+    ]
+    kw = dict(model="tiny", max_tokens=32, messages=ASK, tools=tools)
+    m = claude.messages.create(**kw, thinking={"type": "disabled"})
+    assert m.stop_reason == "tool_use"
+    (use,) = m.content
+    assert (use.type, use.name, use.input) == ("tool_use", "get_weather", CALL)
+    m = claude.messages.create(**kw, thinking={"type": "enabled", "budget_tokens": 64})
+    assert [b.type for b in m.content] == ["thinking", "text"]
+    assert (m.content[0].thinking, m.content[1].text) == (
+        scripted.THINK,
+        scripted.ANSWER,
+    )
+    body = {**kw, "stream": True, "thinking": {"type": "disabled"}}
+    with httpx.stream("POST", server.url + "/v1/messages", json=body) as r:
+        events = [json.loads(d) for _, d in sse_events(r)]
+    start = next(e for e in events if e["type"] == "content_block_start")
+    assert start["content_block"]["type"] == "tool_use"
+    partial = "".join(
+        e["delta"]["partial_json"] for e in events if e["type"] == "content_block_delta"
+    )
+    assert json.loads(partial) == CALL
+    assert events[-2]["delta"]["stop_reason"] == "tool_use"
+    thinking = {"type": "enabled", "budget_tokens": 64}
+    with claude.messages.stream(**kw, thinking=thinking) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert final.content[0].thinking == scripted.THINK
+
+
+def test_responses_function_calls_and_reasoning(client):
+    tools = [{"type": "function", **TOOLS[0]["function"]}]
+    r = client.responses.create(
+        model="tiny", input=ASK, tools=tools, reasoning={"effort": "none"}
+    )
+    (call,) = r.output
+    assert call.type == "function_call" and json.loads(call.arguments) == CALL
+    r = client.responses.create(
+        model="tiny", input="Weather?", reasoning={"effort": "low"}
+    )
+    assert [o.type for o in r.output] == ["reasoning", "message"]
+    assert r.output_text == scripted.ANSWER
+    events = list(
+        client.responses.create(
+            model="tiny",
+            input=ASK,
+            tools=tools,
+            reasoning={"effort": "none"},
+            stream=True,
+        )
+    )
+    done = [e for e in events if e.type == "response.function_call_arguments.done"]
+    assert len(done) == 1 and json.loads(done[0].arguments) == CALL
+    assert events[-1].type == "response.completed"
