@@ -119,7 +119,7 @@ def _flat_ids(prompt) -> list[int]:
                 f"The prompt array has shape {tuple(shape)}: pass one prompt as a "
                 "1-D array of token ids (generate one prompt at a time)."
             )
-        kind = str(getattr(prompt, "dtype", ""))
+        kind = str(getattr(prompt, "dtype", "")).rsplit(".", 1)[-1]
         if "int" not in kind:
             raise ValueError(
                 f"Prompt token ids must be integers, got an array of {kind}."
