@@ -25,7 +25,8 @@ def _backend(mx) -> str:
 
 
 def _cpu_kernels(mx) -> tuple[str, list]:
-    """Which kernels block verification uses on this device, and a fix if they are slow."""
+    """Which kernels block verification uses on this device, and a fix if they are
+    slow."""
     from dflash_mlx import cpu_ops
 
     if mx.default_device() != mx.cpu:
@@ -33,8 +34,8 @@ def _cpu_kernels(mx) -> tuple[str, list]:
     if cpu_ops.available():
         return "fused (mx.compile, cpu_ops)", []
     return "MLX's own (MLX could not compile CPU kernels)", [
-        "MLX could not compile CPU kernels, so verifying a block is ~10% slower: install a "
-        "C++ compiler (Debian/Ubuntu: `sudo apt-get install g++`)."
+        "MLX could not compile CPU kernels, so verifying a block is ~10% slower: "
+        "install a C++ compiler (Debian/Ubuntu: `sudo apt-get install g++`)."
     ]
 
 
@@ -72,8 +73,8 @@ def collect(matmul_size: int = 1024, model: str | None = None) -> dict:
     report["default_draft"] = defaults.default_draft()
     if report["default_draft"] is None:
         report["fixes"].append(
-            f"No built-in drafter for {defaults.TARGET_NAME} ships with this install yet: "
-            "train one with `dflash-mlx train`, or pass a drafter with --draft."
+            f"No built-in drafter for {defaults.TARGET_NAME} ships with this install "
+            "yet: train one with `dflash-mlx train`, or pass a drafter with --draft."
         )
     if model is not None:
         from dflash_mlx.model_check import check_target

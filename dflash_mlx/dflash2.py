@@ -12,7 +12,8 @@ from .verify import categorical
 def grouped_dynamic_conv(
     x: mx.array, dynamic: mx.array, base: mx.array, group_size: int
 ):
-    """Causal conv along the block: out_t = sum_j (base_j + dynamic_t,j) * x_(t-j), per group.
+    """Causal conv along the block: out_t = sum_j (base_j + dynamic_t,j) * x_(t-j), per
+    group.
 
     x (B, L, H); dynamic (B, L, K, G); base (K, H) with H = G * group_size.
     """
@@ -85,9 +86,11 @@ class CandidateSelector(nn.Module):
         )
 
     def __call__(self, hidden, logits, anchor, temperature: float, key=None):
-        """Walk the block left to right: (picks (L,), candidates (L, k), q (L, k) or None).
+        """Walk the block left to right: (picks (L,), candidates (L, k), q (L, k) or
+        None).
 
-        hidden/logits are (L, ·) for the drafted positions; `anchor` is the token before them.
+        hidden/logits are (L, ·) for the drafted positions; `anchor` is the token before
+        them.
         """
         candidates = mx.argpartition(logits, -self.top_k, axis=-1)[..., -self.top_k :]
         unary = mx.take_along_axis(logits, candidates, axis=-1)
@@ -95,9 +98,10 @@ class CandidateSelector(nn.Module):
         successors = self.successor_codebook(candidates)  # (L, k, rank)
         previous = anchor
         picks, q_rows = [], []
-        keys = [None] * hidden.shape[0]
+        keys: list[mx.array | None] = [None] * hidden.shape[0]
         if temperature > 0 and key is not None:
-            keys = list(mx.random.split(key, hidden.shape[0]))
+            split = mx.random.split(key, hidden.shape[0])
+            keys = [split[t] for t in range(hidden.shape[0])]
         for t in range(hidden.shape[0]):
             pair = (self.predecessor_codebook(previous) * hidden[t]) @ successors[t].T
             scores = unary[t] + pair
@@ -109,8 +113,7 @@ class CandidateSelector(nn.Module):
                 choice = mx.argmax(scores, axis=-1)
             previous = candidates[t, choice]
             picks.append(previous)
-        q = mx.stack(q_rows) if q_rows else None
-        return mx.stack(picks), candidates, q
+        return mx.stack(picks), candidates, mx.stack(q_rows) if q_rows else None
 
 
 class Model(v1.Model):

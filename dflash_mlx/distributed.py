@@ -13,6 +13,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -49,7 +50,7 @@ class Group:
         It runs on the current stream, after the model's own collectives queued there:
         collectives must meet in the same order on every rank."""
         mine = mx.array(values if self.is_main else [0] * len(values), mx.int32)
-        return mx.distributed.all_sum(mine, group=self.group).tolist()
+        return cast(list[int], mx.distributed.all_sum(mine, group=self.group).tolist())
 
     def check_same(self, what: str, digest: str):
         """Raise on every rank, naming the odd ones out, unless all have `digest`."""
@@ -58,7 +59,7 @@ class Group:
         mx.synchronize(generation_stream)  # no generation's collective still in flight
         mine = mx.array(list(bytes.fromhex(digest)), mx.uint8)
         every = mx.distributed.all_gather(mine[None], group=self.group)
-        rows = [bytes(r).hex() for r in every.tolist()]
+        rows = [bytes(cast(list[int], row)).hex() for row in cast(list, every.tolist())]
         odd = [r for r, d in enumerate(rows) if d != rows[0]]
         if odd:
             raise ValueError(
@@ -80,7 +81,8 @@ def backend_name() -> str:
 
 
 def launched(sharding: str = "tensor") -> Group | None:
-    """The group of this process when started by `mlx.launch` with 2+ ranks, else None."""
+    """The group of this process when started by `mlx.launch` with 2+ ranks, else
+    None."""
     if sharding not in SHARDINGS:
         raise ValueError(f"sharding must be one of {SHARDINGS}, got {sharding!r}.")
     if not mx.distributed.is_available():
@@ -125,7 +127,7 @@ def shard(model: nn.Module, group: Group):
                 "--pipeline to shard it tensor-parallel (if mlx-lm can), or use fewer "
                 "machines."
             )
-        lm.model.pipeline(group.group)
+        lm["model"].pipeline(group.group)
         return
     if not hasattr(model, "shard"):
         hint = (
@@ -134,8 +136,8 @@ def shard(model: nn.Module, group: Group):
             else ""
         )
         raise ValueError(
-            f"mlx-lm cannot shard '{kind}' targets tensor-parallel{hint}; run it on one "
-            "machine instead."
+            f"mlx-lm cannot shard '{kind}' targets tensor-parallel{hint}; run it on "
+            "one machine instead."
         )
     odd = {k: v for k, v in _heads(model).items() if v % group.size}
     if odd:

@@ -72,7 +72,8 @@ class ModelArgs:
 
     @classmethod
     def from_config(cls, config: dict) -> "ModelArgs":
-        """Read a z-lab drafter config.json (fields may sit at top level or in dflash_config)."""
+        """Read a z-lab drafter config.json (fields may sit at top level or in
+        dflash_config)."""
         flat = dict(config)
         flat.update(config.get("dflash_config") or {})
         rope = config.get("rope_parameters") or config.get("rope_scaling")
@@ -123,7 +124,8 @@ class ModelArgs:
 
 
 class WindowedKVCache:
-    """Context KV cache that keeps only the latest `window` positions (RoPE stays absolute).
+    """Context KV cache that keeps only the latest `window` positions (RoPE stays
+    absolute).
 
     Appends are cheap concatenations; the window is enforced when context is absorbed,
     so a block's own keys (appended, then trimmed) never evict context.
@@ -195,7 +197,8 @@ class Attention(nn.Module):
 
     def __init__(self, args: ModelArgs):
         super().__init__()
-        dim, hd = args.hidden_size, args.head_dim
+        dim = args.hidden_size
+        hd = args.head_dim or dim // args.num_attention_heads
         self.n_heads = args.num_attention_heads
         self.n_kv_heads = args.num_key_value_heads
         self.scale = hd**-0.5
@@ -217,7 +220,8 @@ class Attention(nn.Module):
         return k, v.transpose(0, 2, 1, 3)
 
     def absorb(self, ctx: mx.array, cache: KVCache):
-        """Append the context's keys/values (at their absolute positions) to the cache."""
+        """Append the context's keys/values (at their absolute positions) to the
+        cache."""
         cache.update_and_fetch(*self._keys_values(ctx, cache.offset))
         if isinstance(cache, WindowedKVCache):
             cache.evict()
@@ -250,7 +254,8 @@ class DecoderLayer(nn.Module):
 
 
 def block_mask(block_len: int, context_len: int, window: int | None, causal: bool):
-    """Mask of block queries over [context; block] keys, or None when all keys are visible."""
+    """Mask of block queries over [context; block] keys, or None when all keys are
+    visible."""
     if window is None and not causal:
         return None
     q = context_len + mx.arange(block_len)[:, None]
@@ -277,14 +282,16 @@ class Model(nn.Module):
         self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.context_window: int | None = None  # bound on absorbed context, if any
         if args.draft_vocab_size:
-            # Token ids the head scores (see draft_head.py); loaded with the weights, never trained.
+            # Token ids the head scores (see draft_head.py); loaded with the weights,
+            # never trained.
             self.draft_vocab = mx.arange(args.draft_vocab_size, dtype=mx.int32)
             self.freeze(recurse=False, keys=["draft_vocab"])
 
     kernels: Kernels = MLX
 
     def use_kernels(self, kernels: Kernels):
-        """Run inference through `kernels` (see kernels.for_device); training uses MLX's."""
+        """Run inference through `kernels` (see kernels.for_device); training uses
+        MLX's."""
         self.kernels = kernels
         for module in self.modules():
             if isinstance(module, (MLP, Attention)):
@@ -305,15 +312,16 @@ class Model(nn.Module):
         for layer in self.layers:
             window = context_window
             if layer.layer_type == "sliding_attention":
-                own = self.args.sliding_window - 1
+                own = (self.args.sliding_window or 1) - 1  # checked at load
                 window = own if window is None else min(window, own)
             caches.append(KVCache() if window is None else WindowedKVCache(window))
         return caches
 
     def absorb(self, features: mx.array, cache: list[KVCache]):
-        """Feed fused target features of newly committed tokens into the context cache."""
+        """Feed fused target features of newly committed tokens into the context
+        cache."""
         ctx = self.hidden_norm(self.fc(features.astype(self.dtype)))
-        for layer, c in zip(self.layers, cache):
+        for layer, c in zip(self.layers, cache, strict=True):
             layer.self_attn.absorb(ctx, c)
 
     def _mask(self, layer_type: str, block_len: int, context_len: int):
@@ -327,7 +335,7 @@ class Model(nn.Module):
         h = block_embeddings.astype(self.dtype)
         L = h.shape[1]
         masks = {}
-        for layer, c in zip(self.layers, cache):
+        for layer, c in zip(self.layers, cache, strict=True):
             key = (layer.layer_type, c.size())
             if key not in masks:
                 masks[key] = self._mask(layer.layer_type, L, c.size())
@@ -337,7 +345,8 @@ class Model(nn.Module):
         return self.norm(h)
 
     def propose(self, hidden, logits, anchor, params, key=None):
-        """Block tokens from drafted-position logits (L, V): (tokens, q or None when greedy).
+        """Block tokens from drafted-position logits (L, V): (tokens, q or None when
+        greedy).
 
         `hidden` and `anchor` (the token before the block) are unused by v1 drafters;
         `key` is the PRNG key to draw with (None: MLX's global generator).

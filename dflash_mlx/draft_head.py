@@ -1,8 +1,11 @@
-"""The drafter's output head: the target's LM head, optionally cut to a draft vocabulary.
+"""The drafter's output head: the target's LM head, optionally cut to a draft
+vocabulary.
 
-A drafter may carry `draft_vocab`, a sorted list of token ids (EAGLE-3 calls this a draft
+A drafter may carry `draft_vocab`, a sorted list of token ids (EAGLE-3 calls this a
+draft
 vocabulary). It then scores only those rows of the target's head: on a 49K-token target
-with a 4K draft vocabulary the drafter's head costs 12× less at inference and in training.
+with a 4K draft vocabulary the drafter's head costs 12× less at inference and in
+training.
 Output stays lossless: a token outside the draft vocabulary is never proposed (its draft
 probability is 0), which the verifier's greedy and rejection rules already handle.
 """
@@ -29,14 +32,16 @@ class DraftHead:
         return cls(target, getattr(draft, "draft_vocab", None))
 
     def __call__(self, hidden: mx.array) -> mx.array:
-        """Logits over the draft vocabulary (the whole target vocabulary without one)."""
+        """Logits over the draft vocabulary (the whole target vocabulary without
+        one)."""
         if self.rows is None:
             return self.target.logits(hidden)
         return self.target.softcapped(hidden @ self.rows.T)
 
     @cached_property
     def index(self) -> np.ndarray | None:
-        """Target id → draft index (−1 outside), for training labels; None without a vocab."""
+        """Target id → draft index (−1 outside), for training labels; None without a
+        vocab."""
         if self.vocab is None:
             return None
         table = np.full(self.vocab_size, -1, dtype=np.int64)
@@ -44,7 +49,8 @@ class DraftHead:
         return table
 
     def to_target(self, tokens: mx.array, q: mx.array | None):
-        """Proposals and their distribution (L, V_draft) as target ids and (L, V) rows."""
+        """Proposals and their distribution (L, V_draft) as target ids and (L, V)
+        rows."""
         if self.vocab is None:
             return tokens, q
         tokens = self.vocab[tokens]
@@ -80,12 +86,14 @@ def head_rows(target, ids: mx.array) -> mx.array:
 def select_draft_vocab(responses: Iterable, prompts: Iterable, size: int) -> list[int]:
     """The `size` ids the drafter will be able to propose, sorted.
 
-    Ranked by frequency in the target's responses (what it will be asked to predict), then
+    Ranked by frequency in the target's responses (what it will be asked to predict),
+    then
     topped up from the prompts (names and numbers the answers copy).
     """
     if size < 1:
         raise ValueError(f"--draft-vocab must be positive, got {size}.")
-    said, seen = Counter(), Counter()
+    said: Counter[int] = Counter()
+    seen: Counter[int] = Counter()
     for r in responses:
         said.update(r)
     for p in prompts:

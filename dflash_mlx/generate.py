@@ -221,7 +221,7 @@ def generate_blocks(
         from .distributed import Lockstep, shared_seed
 
         if not isinstance(block_size, (int, FixedBlockSize)):
-            block_size = Lockstep(block_size, group)
+            block_size = cast(AdaptiveBlockSize, Lockstep(block_size, group))
         if seed is None and not params.greedy:
             seed = shared_seed(group)
     owner = object()

@@ -193,10 +193,11 @@ def _group(model: nn.Module, inner: nn.Module):
 
 
 def _config_layers(model: nn.Module) -> int:
-    args = getattr(model, "args", None)
+    args: Any = getattr(model, "args", None)
     args = getattr(args, "text_config", None) or args
-    value = args.get("num_hidden_layers") if isinstance(args, dict) else None
-    return int(value or getattr(args, "num_hidden_layers"))
+    if isinstance(args, dict):
+        return int(args["num_hidden_layers"])
+    return int(args.num_hidden_layers)
 
 
 def _mixer(layer) -> nn.Module | None:
@@ -358,7 +359,9 @@ class Target:
         mx.eval(hidden)
         zeros = mx.zeros_like(hidden)
         parts = [outputs.get(i, zeros) for i in self.feature_layer_ids]
-        features = mx.distributed.all_sum(mx.concatenate(parts, -1), group=self.group.group)
+        features = mx.distributed.all_sum(
+            mx.concatenate(parts, -1), group=self.group.group
+        )
         mx.eval(features)
         return features
 

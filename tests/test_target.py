@@ -24,7 +24,8 @@ BLOCK = mx.array([[11, 12, 13, 14, 15, 16, 17, 18]])
 
 
 def _states(cache):
-    """Per layer: (kind, length, arrays) — KV keys/values, or the conv and recurrent state."""
+    """Per layer: (kind, length, arrays) — KV keys/values, or the conv and recurrent
+    state."""
     out = []
     for c in cache:
         if hasattr(c, "offset"):
@@ -36,11 +37,12 @@ def _states(cache):
 
 
 def _worst(a, b) -> float:
-    """Largest error of cache `a` against cache `b`, in units of the float32 tolerance."""
+    """Largest error of cache `a` against cache `b`, in units of the float32
+    tolerance."""
     worst = 0.0
-    for depth, (x, y) in enumerate(zip(_states(a), _states(b)), start=1):
+    for depth, (x, y) in enumerate(zip(_states(a), _states(b), strict=True), start=1):
         assert x[:2] == y[:2], f"layer {depth - 1}: {x[:2]} vs {y[:2]}"
-        for u, v in zip(x[2], y[2]):
+        for u, v in zip(x[2], y[2], strict=True):
             worst = max(worst, error_ratio(u, v, depth))
     return worst
 
@@ -85,9 +87,9 @@ def test_rollback_equals_fresh_run(targets, family, keep):
     spec, before = _verify_then_rollback(target, keep)
     fresh = _fresh(target, BLOCK[:, :keep])
     if keep == 0:  # nothing replayed: the pre-block state, bit for bit
-        for x, y in zip(before, _states(spec)):
+        for x, y in zip(before, _states(spec), strict=True):
             assert x[:2] == y[:2] and all(
-                mx.array_equal(u, v) for u, v in zip(x[2], y[2])
+                mx.array_equal(u, v) for u, v in zip(x[2], y[2], strict=True)
             )
     assert _worst(spec, fresh) <= 1.0
 
@@ -109,12 +111,14 @@ def test_wrong_rollbacks_fail_the_tolerance(targets, family):
     assert _worst(spec, _fresh(target, other)) > 100
     if target.recurrent:  # one token too many replayed: KV offsets catch the rest
         spec, _ = _verify_then_rollback(target, keep + 1)
-        states = zip(_states(spec), _states(_fresh(target, BLOCK[:, :keep])))
+        states = zip(
+            _states(spec), _states(_fresh(target, BLOCK[:, :keep])), strict=True
+        )
         worst = max(
             error_ratio(u, v, 1)
             for x, y in states
             if x[0] == "delta"
-            for u, v in zip(x[2], y[2])
+            for u, v in zip(x[2], y[2], strict=True)
         )
         assert worst > 100
 

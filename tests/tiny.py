@@ -221,8 +221,9 @@ def byte_tokenizer(path: Path):
         additional_special_tokens=["<|im_start|>"],
     )
     fast.chat_template = (
-        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
-        "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+        "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}"
+        "<|im_end|>\n{% endfor %}"
+        "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
     )
     fast.save_pretrained(str(path))
 
@@ -251,7 +252,8 @@ def make_target(
     tokenizer: str = "byte",
     **overrides,
 ) -> Path:
-    """Write a tiny random `family` model (config.json, safetensors, tokenizer) to `path`."""
+    """Write a tiny random `family` model (config.json, safetensors, tokenizer) to
+    `path`."""
     from mlx_lm.utils import _get_classes
 
     config = {**_COMMON, **FAMILIES[family], "vocab_size": vocab_size, **overrides}
@@ -334,7 +336,8 @@ def make_draft(
 
 
 def quantize_target(src: Path, dst: Path, bits: int = 4, mixed: bool = False) -> Path:
-    """An mlx-community style quantized copy of a tiny target (mlx-lm's own quantization)."""
+    """An mlx-community style quantized copy of a tiny target (mlx-lm's own
+    quantization)."""
     from mlx_lm.utils import load_model, quantize_model
 
     model, config = load_model(src)
