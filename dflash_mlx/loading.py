@@ -136,7 +136,12 @@ def load(path_or_repo: str | None = None, *, distributed=None, **kwargs):
     return model, tokenizer
 
 
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+)
 
 
 def _check_target_folder(path: Path, config: dict, what: str):

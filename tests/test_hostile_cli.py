@@ -33,6 +33,8 @@ def invoke(*args, input=None):
 USAGE = {  # generate options refused before loading (the model does not exist)
     "seed -1": (["--seed", "-1"], "seed must be between 0 and 2**64 - 1"),
     "temp inf": (["--temp", "inf"], "temperature must be a finite number"),
+    "temp nan": (["--temp", "nan"], "temperature must be a finite number"),
+    "temp -1": (["--temp", "-1"], "temperature must be >= 0 (0: greedy)"),
     "max tokens -5": (["-n", "-5"], "max_tokens must be positive, or -1"),
     "max tokens 0": (["-n", "0"], "max_tokens must be positive, or -1"),
     "block size 0": (["-b", "0"], "expected an integer >= 1 or 'auto'"),
