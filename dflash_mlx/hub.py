@@ -78,7 +78,7 @@ def _download(repo: str, patterns: list[str], what: str) -> Path:
         raise ValueError(
             f"{what} '{repo}': a file it lists cannot be downloaded from the Hub "
             f"({_first_line(e)}); the repo may be broken: try again later or pass a "
-            "local folder."
+            f"local folder (the cache is {cache})."
         ) from e
     except (HfHubHTTPError, OSError) as e:
         raise ValueError(

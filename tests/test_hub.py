@@ -137,6 +137,7 @@ def test_missing_repo_missing_file_and_gated_repo_say_how_to_fix(hub):
     assert f"'{TARGET}'" in missing_file["error"]
     assert "cannot be downloaded" in missing_file["error"]
     assert "model.safetensors" in missing_file["error"]
+    assert str(hub.home / "hub") in missing_file["error"]
     assert f"'{DRAFT}' is gated" in gated["error"]
     assert "hf auth login" in gated["error"]
     assert f"huggingface.co/{DRAFT}" in gated["error"]
