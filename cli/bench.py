@@ -61,21 +61,44 @@ def _engines(opts: BenchOptions, model, draft, tokenizer, ids: tuple[str, str]) 
                 resolve_path(ids[1], DRAFT_FILES, "Drafter"),
                 opts.temp,
             )
-        elif name != "dflash":
-            raise ValueError(
-                f"Unknown --engine '{name}': the choices are dflash and reference."
-            )
     return engines
 
 
+def _check_outputs(opts: BenchOptions):
+    """--json and --plot must be writable (and --plot drawable) before the run."""
+    from dflash_mlx import files
+
+    if opts.json_out is not None:
+        opts.json_out = files.check_writable(opts.json_out, "--json")
+    if opts.plot is not None:
+        opts.plot = files.check_writable(opts.plot, "--plot")
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            raise ValueError(
+                "--plot needs matplotlib: pip install 'dflash-mlx[plot]'."
+            ) from None
+
+
 def _config(opts: BenchOptions):
-    """The library's BenchConfig for these options (block sizes filled in later)."""
-    from dflash_mlx import bench
+    """The library's BenchConfig for these options (block sizes filled in later);
+    every option is checked here, before any model loads."""
+    from dflash_mlx import bench, validate
 
     if opts.max_samples is not None and opts.max_samples < 1:
         raise ValueError(f"--max-samples must be at least 1, got {opts.max_samples}.")
+    validate.finite("--temp", opts.temp)
     if opts.temp < 0:
         raise ValueError(f"--temp must be >= 0, got {opts.temp}.")
+    if opts.max_tokens < 1:
+        raise ValueError(f"--max-tokens must be at least 1, got {opts.max_tokens}.")
+    validate.seed(opts.seed)
+    unknown = [e for e in opts.engines if e not in ("dflash", "reference")]
+    if unknown:
+        raise ValueError(
+            f"Unknown --engine '{unknown[0]}': the choices are dflash and reference."
+        )
+    _check_outputs(opts)
     return bench.BenchConfig(
         datasets=[opts.dataset],
         block_sizes=bench.parse_block_sizes(opts.block_size) or [],
@@ -111,40 +134,57 @@ def _measure(out, ui, tokenizer, engines, samples, config) -> tuple[list, bool]:
     return records, False
 
 
-def _write(out, ui, opts: BenchOptions, config, env, records, summary):
-    """The --json report and the --plot PNG, where asked for."""
-    from dflash_mlx import bench
+def _write(out, ui, opts: BenchOptions, config, env, records, summary) -> bool:
+    """The --json report and the --plot PNG, where asked for, each written atomically;
+    False if one could not be written (said on `out`)."""
+    from dflash_mlx import bench, files
 
-    if opts.json_out is not None:
-        opts.json_out.parent.mkdir(parents=True, exist_ok=True)
-        opts.json_out.write_text(
-            json.dumps(bench.report(config, env, records, summary), indent=1)
-        )
-        ui.note(out, f"wrote {opts.json_out}")
-    if opts.plot is not None:
-        bench.write_plot(records, summary, opts.plot)
-        ui.note(out, f"wrote {opts.plot}")
+    ok = True
+    try:
+        if opts.json_out is not None:
+            report = bench.report(config, env, records, summary)
+            files.write_text(opts.json_out, json.dumps(report, indent=1))
+            ui.note(out, f"wrote {opts.json_out}")
+        if opts.plot is not None:
+            with files.atomic_path(opts.plot) as tmp:
+                bench.write_plot(records, summary, tmp)
+            ui.note(out, f"wrote {opts.plot}")
+    except (OSError, ValueError) as e:
+        ui.error(out, f"{e}: the results are in the summary line below.")
+        ok = False
+    return ok
 
 
 def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
     """Run the benchmark and render it; the exit code (non-zero on a losslessness
-    failure).
+    failure). Bad options exit 2 before any model loads; later errors exit 1.
 
     `engines` replaces engines by name (tests pass a deliberately wrong one)."""
-    from dflash_mlx import bench, load, load_draft
+    from dflash_mlx import bench
 
     from . import bench_ui as ui
-    from .ranks import describe, join
+    from . import errors
+    from .ranks import join
 
     out = out or ui.console()
-    config = _config(opts)
-    samples = bench.load_samples(config)
-    config.datasets = list(samples)
-    ids = resolve_models(opts.model, opts.draft)
-    group = join(opts.pipeline)
-    if group is not None:
-        if opts.engines:
+    with errors.usage(ui.console(stderr=True)):
+        config = _config(opts)
+        samples = bench.load_samples(config)
+        config.datasets = list(samples)
+        ids = resolve_models(opts.model, opts.draft)
+        group = join(opts.pipeline)
+        if group is not None and opts.engines:
             raise ValueError("--engine reference runs on one process: drop it here.")
+    with errors.runtime(ui.console(stderr=True)):
+        return _execute(out, ui, opts, config, samples, ids, engines, group)
+
+
+def _execute(out, ui, opts, config, samples, ids, engines, group) -> int:
+    from dflash_mlx import bench, load, load_draft
+
+    from .ranks import describe
+
+    if group is not None:
         import mlx.core as mx
 
         mx.random.seed(opts.seed)  # mlx-lm's sampled baseline draws alike on all ranks
@@ -152,10 +192,7 @@ def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
     model, tokenizer = load(ids[0], distributed=group)
     ui.loading(out, f"drafter {ids[1]}")
     draft = load_draft(ids[1], target=model, distributed=group)
-    # auto by default; the reference has no auto, so it also gets the drafter's size
-    config.block_sizes = config.block_sizes or (
-        ["auto", draft.args.block_size] if opts.engines else ["auto"]
-    )
+    config.block_sizes = _block_sizes(out, ui, config.block_sizes, draft, opts)
     all_engines = _engines(opts, model, draft, tokenizer, ids)
     all_engines.update(engines or {})
     env = bench.environment(model, draft, *ids)
@@ -172,13 +209,32 @@ def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
     ui.results(out, summary, config.temperature)
     if not summary["lossless"]:
         ui.lossless_failure(out, summary["failures"])
+    written = True
     if group is None or group.is_main:  # one rank writes the files
-        _write(out, ui, opts, config, env, records, summary)
+        written = _write(out, ui, opts, config, env, records, summary)
     out.file.flush()
     typer.echo(json.dumps(bench.compact(summary), separators=(",", ":")))
-    if not summary["lossless"]:
+    if not summary["lossless"] or not written:
         return 1
     return 130 if interrupted else 0
+
+
+def _block_sizes(out, ui, sizes: list, draft, opts: BenchOptions) -> list:
+    """The sizes to measure: auto by default (the reference has no auto, so it also
+    gets the drafter's size); fixed sizes capped at the drafter's, with a note."""
+    from dflash_mlx import validate
+
+    largest = draft.args.block_size
+    if not sizes:
+        return ["auto", largest] if opts.engines else ["auto"]
+    capped = []
+    for size in sizes:
+        if size != "auto":
+            size, note = validate.block_size(size, largest)
+            if note:
+                ui.note(out, note)
+        capped.append(size)
+    return list(dict.fromkeys(capped))
 
 
 def bench(
@@ -225,7 +281,6 @@ def bench(
 ):
     """Measure plain mlx-lm decoding against DFlash, prompt by prompt; check it is
     lossless."""
-    from . import bench_ui as ui
 
     opts = BenchOptions(
         dataset,
@@ -242,9 +297,4 @@ def bench(
         list(engine),
         pipeline,
     )
-    try:
-        code = execute(opts)
-    except ValueError as e:
-        ui.error(ui.console(stderr=True), str(e))
-        raise typer.Exit(2) from None
-    raise typer.Exit(code)
+    raise typer.Exit(execute(opts))

@@ -6,6 +6,11 @@ import typer
 
 from . import options
 
+NOT_UTF8 = (
+    "That message is not valid UTF-8 and was dropped: set the terminal's encoding to "
+    "UTF-8 (e.g. LANG=C.UTF-8)."
+)
+
 
 class SoftInterrupt:
     """First Ctrl-C stops the answer at the next block; a second one interrupts hard."""
@@ -89,21 +94,22 @@ def chat(
     """Chat in the terminal with live tok/s and acceptance length."""
     from dflash_mlx.chat import Settings
 
-    from . import ui
+    from . import errors, ui
     from .ranks import join
     from .session import open_session
 
     out = ui.console()
-    settings = Settings(
-        temperature=temp,
-        top_p=top_p,
-        top_k=top_k,
-        max_tokens=max_tokens,
-        block_size=options.parse_block_size(block_size),
-        color=color,
-    )
-    try:
+    with errors.usage(out):
         group = join(pipeline)
+        settings = Settings(
+            temperature=temp,
+            top_p=top_p,
+            top_k=top_k,
+            max_tokens=max_tokens,
+            block_size=options.parse_block_size(block_size),
+            color=color,
+        )
+    with errors.runtime(out):
         session, note = open_session(
             model,
             draft,
@@ -114,9 +120,6 @@ def chat(
             status=lambda m: ui.loading(out, m),
             distributed=group,
         )
-    except ValueError as e:
-        ui.error(out, str(e))
-        raise typer.Exit(1) from None
     ui.banner(
         out,
         {
@@ -134,16 +137,21 @@ _LEAVE = "\x04"  # what rank 0 tells the other ranks at Ctrl-D
 
 
 def _read(out, group) -> str:
-    """The next message: typed on rank 0, and shared with every rank."""
+    """The next message: typed on rank 0 and shared with every rank. Ctrl-C at the
+    prompt cancels the line being typed, as in Python's REPL."""
     from . import ui
 
     text = None
-    if group is None or group.is_main:
+    while text is None and (group is None or group.is_main):
         try:
             text = ui.read_message(out)
-        except (EOFError, KeyboardInterrupt):
+        except EOFError:
             out.print()
             text = _LEAVE
+        except KeyboardInterrupt:
+            ui.cancelled(out)
+        except UnicodeDecodeError:
+            ui.error(out, NOT_UTF8)
     return text if group is None else group.broadcast_text(text)
 
 

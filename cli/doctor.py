@@ -155,8 +155,7 @@ def doctor(
     matmul_size: int = typer.Option(
         1024,
         "--matmul-size",
-        min=0,
-        help="Size of the matmul speed probe (0 skips it).",
+        help="Size of the matmul speed probe, 256 to 4096 (0 skips it).",
     ),
     model: str | None = typer.Option(
         None,
@@ -167,6 +166,12 @@ def doctor(
     ),
 ):
     """Check backend, device, BLAS and matmul speed, the models, and print fixes."""
+    from dflash_mlx.blas import check_matmul_size
+
+    from . import errors, ui
+
+    with errors.usage(ui.console(stderr=True)):
+        check_matmul_size(matmul_size)
     report = collect(matmul_size, model)
     if as_json:
         typer.echo(json.dumps(report))

@@ -32,31 +32,30 @@ def generate(
     pipeline: bool = options.pipeline(),
 ):
     """Generate one answer: text to stdout, statistics to stderr (or --json)."""
+    from dflash_mlx import validate
     from dflash_mlx.chat import Settings
 
-    from . import ui
+    from . import errors, ui
     from .ranks import describe, join
     from .session import open_session
 
     err = ui.console(stderr=True)
-    try:
+    with errors.usage(err):
         group = join(pipeline)
-    except ValueError as e:
-        ui.error(err, str(e))
-        raise typer.Exit(2) from None
-    if group is None or group.is_main:  # rank 0 reads it (stdin too) for every rank
-        prompt = _read_prompt(err, prompt, max_tokens)
+        if group is None or group.is_main:  # rank 0 reads it (stdin too) for all
+            prompt = _read_prompt(prompt)
+        validate.seed(seed)
+        settings = Settings(
+            seed=seed,
+            temperature=temp,
+            top_p=top_p,
+            top_k=top_k,
+            max_tokens=max_tokens,
+            block_size=options.parse_block_size(block_size),
+        )
     if group is not None:
         prompt = group.broadcast_text(prompt)
-    settings = Settings(
-        seed=seed,
-        temperature=temp,
-        top_p=top_p,
-        top_k=top_k,
-        max_tokens=max_tokens,
-        block_size=options.parse_block_size(block_size),
-    )
-    try:
+    with errors.runtime(err):
         session, note = open_session(
             model,
             draft,
@@ -75,9 +74,6 @@ def generate(
             if not as_json:
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
-    except ValueError as e:
-        ui.error(err, str(e))
-        raise typer.Exit(1) from None
     if as_json:
         sampling = {"temperature": temp, "top_p": top_p, "top_k": top_k, "seed": seed}
         record = _record(session, note, text, stats, sampling)
@@ -117,20 +113,20 @@ def _record(session, note, text: str, stats, sampling: dict) -> dict:
     }
 
 
-def _read_prompt(err, prompt: str, max_tokens: int) -> str:
-    """The prompt (stdin for '-'); usage errors exit 2."""
-    from . import ui
+def _read_prompt(prompt: str) -> str:
+    """The prompt (stdin for '-'), checked: a ValueError if empty or not UTF-8."""
+    from dflash_mlx import validate
 
     if prompt == "-":
-        prompt = sys.stdin.read()
+        try:
+            prompt = sys.stdin.read()
+        except UnicodeDecodeError as e:
+            raise ValueError(
+                f"The prompt on stdin is not valid UTF-8 (byte {e.object[e.start]:#x} "
+                f"at offset {e.start}): convert it, e.g. `iconv -f latin1 -t utf-8`."
+            ) from None
     if not prompt.strip():
-        ui.error(
-            err,
-            "The prompt is empty: pass --prompt TEXT, or --prompt - with text on "
-            "stdin.",
+        raise ValueError(
+            "The prompt is empty: pass --prompt TEXT, or --prompt - with text on stdin."
         )
-        raise typer.Exit(2)
-    if max_tokens == 0:
-        ui.error(err, "--max-tokens must be positive (or -1 for up to the context).")
-        raise typer.Exit(2)
-    return prompt
+    return validate.text(prompt)

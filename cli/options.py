@@ -30,7 +30,8 @@ def block_size(help: str = BLOCK_SIZE_HELP):
 
 
 def temperature(*flags: str, help: str = "Temperature (0 = greedy)."):
-    return typer.Option(0.0, *(flags or ("--temp", "-t")), min=0.0, help=help)
+    # range-checked by the library, which also refuses NaN and infinities
+    return typer.Option(0.0, *(flags or ("--temp", "-t")), help=help)
 
 
 def top_p():

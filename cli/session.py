@@ -40,11 +40,26 @@ def open_session(
         raw=raw,
         names={"model": model, "draft": draft},
     )
+    note = _join(note, _cap_block_size(settings, drafter))
     if thinking is not None and not raw and not session.thinking_supported:
-        note = "; ".join(
-            filter(None, [note, "this chat template has no thinking switch"])
-        )
+        note = _join(note, "this chat template has no thinking switch")
     return session, note
+
+
+def _cap_block_size(settings, drafter) -> str | None:
+    """Cap a fixed block size at the drafter's; the note saying so, or None."""
+    from dflash_mlx import validate
+
+    if drafter is None or settings is None or not isinstance(settings.block_size, int):
+        return None
+    settings.block_size, note = validate.block_size(
+        settings.block_size, drafter.args.block_size
+    )
+    return note
+
+
+def _join(*notes) -> str | None:
+    return "; ".join(n for n in notes if n) or None
 
 
 def _warm_up(target, tokenizer, drafter):

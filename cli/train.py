@@ -106,14 +106,21 @@ def train(
     init_from: Path | None = typer.Option(
         None, "--init-from", help="Start from this drafter or checkpoint folder."
     ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Write into an --out folder that holds another model (replacing its "
+        "config.json, model.safetensors and README.md).",
+    ),
 ):
     """Train a DFlash drafter for TARGET; rerun the same command to resume."""
-    from dflash_mlx.train import TrainConfig, TrainOptions
+    from dflash_mlx.train import TrainConfig, TrainOptions, check
 
+    from . import errors
     from . import train_ui as ui
 
     err = ui.console(stderr=True)
-    try:
+    with errors.usage(err):
         config = TrainConfig(
             steps=steps,
             epochs=epochs,
@@ -148,11 +155,12 @@ def train(
             draft_vocab=draft_vocab,
             init_from=init_from,
             train=config,
+            force=force,
         )
-        ui.render(opts)
-    except ValueError as e:
-        ui.error(err, str(e))
-        raise typer.Exit(2) from None
+        check(opts)
+    try:
+        with errors.runtime(err):
+            ui.render(opts)
     except KeyboardInterrupt:
         ui.interrupted(err, out)
         raise typer.Exit(130) from None

@@ -227,6 +227,11 @@ def error(out: Console, message: str):
     out.print(Text(f"error: {message}", style="bold red"))
 
 
+def cancelled(out: Console):
+    out.print()
+    out.print(Text("(line cancelled: Ctrl-D or /exit leaves)", style="dim"))
+
+
 def interrupted(out: Console):
     out.print(
         Text("[interrupted: the partial answer stays in the conversation]", style="red")

@@ -4,7 +4,9 @@ verification.
 Exports load lazily so that `import dflash_mlx.blas` or `dflash-mlx --help` stay fast.
 """
 
+import sys
 from importlib import import_module
+from types import ModuleType
 
 __version__ = "0.1.0"
 
@@ -24,6 +26,22 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS)
+
+
+class _Package(ModuleType):
+    """`dflash_mlx.generate` is the function even once the submodule of the same name
+    is imported (the import system then sets the attribute to the module)."""
+
+    @property
+    def generate(self):
+        return import_module(".generate", __name__).generate
+
+    @generate.setter
+    def generate(self, value):
+        pass  # the import system's binding of the submodule: sys.modules keeps it
+
+
+sys.modules[__name__].__class__ = _Package
 
 
 def __getattr__(name):

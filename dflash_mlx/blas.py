@@ -26,6 +26,21 @@ OPENBLAS_PATHS = (
 )
 INSTALL_FIX = "apt-get install -y libopenblas0-pthread"
 SLOW_GFLOPS = 20.0
+# Below this size a matmul measures call overhead, not the BLAS (OpenBLAS: ~25 GFLOP/s
+# at 64-128, ~120 from 256); above the largest, the probe takes minutes and GBs.
+MATMUL_SIZES = (256, 4096)
+
+
+def check_matmul_size(n) -> int:
+    """A probe size in MATMUL_SIZES (0: no probe), or a ValueError saying why not."""
+    low, high = MATMUL_SIZES
+    if isinstance(n, bool) or not isinstance(n, int) or n != 0 and not low <= n <= high:
+        raise ValueError(
+            f"--matmul-size must be 0 (skip the probe) or between {low} and {high}, "
+            f"got {n!r}: smaller matmuls time call overhead, not the BLAS, and "
+            "larger ones take minutes on a slow BLAS."
+        )
+    return n
 
 
 def _is_openblas(path: str) -> bool:
@@ -91,6 +106,9 @@ def matmul_gflops(
 ) -> float:
     """float32 n x n matmul speed on the default device, in GFLOP/s."""
     import mlx.core as mx
+
+    if not check_matmul_size(n):
+        raise ValueError("matmul_gflops needs a size, not 0.")
 
     a = mx.random.normal((n, n))
     b = mx.random.normal((n, n))

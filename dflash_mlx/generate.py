@@ -19,12 +19,14 @@ Words in the engine, one meaning each:
 """
 
 import time
+import warnings
 from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Union, cast
 
 import mlx.core as mx
 
+from . import validate
 from .adaptive import AdaptiveBlockSize, FixedBlockSize
 from .cache import PromptCache
 from .draft_head import DraftHead
@@ -65,8 +67,6 @@ def _prefill(
 ) -> mx.array:
     """Feed `ids` through the target (and their features to the drafter); the last
     position's logits."""
-    if step <= 0:
-        raise ValueError(f"prefill_step_size must be positive, got {step}.")
     for start in range(0, len(ids), step):
         chunk = mx.array(ids[start : start + step])[None]
         hidden, features = target(chunk, cache.target)
@@ -211,6 +211,11 @@ def generate_blocks(
     generation's own keys only. With `logprobs` k >= 1, each block carries the target's
     log-probabilities of its tokens and top k.
     """
+    prompt = validate.token_ids(prompt, target.vocab_size)
+    validate.max_tokens(max_tokens)
+    validate.seed(seed)
+    validate.logprobs(logprobs, target.vocab_size)
+    validate.prefill_step_size(prefill_step_size)
     group = target.group
     if group is not None:  # a sharded target: every rank makes rank 0's choices
         from .distributed import Lockstep, shared_seed
@@ -376,11 +381,10 @@ def _block_policy(block_size, draft):
         return AdaptiveBlockSize(largest)
     if hasattr(block_size, "next") and hasattr(block_size, "observe"):
         return block_size  # a policy: AdaptiveBlockSize, FixedBlockSize or your own
-    if not isinstance(block_size, int) or block_size < 1:
-        raise ValueError(
-            f"block_size must be a positive int or 'auto', got {block_size!r}."
-        )
-    return FixedBlockSize(block_size)
+    size, note = validate.block_size(block_size, largest if draft else None)
+    if note:
+        warnings.warn(note, UserWarning, stacklevel=3)
+    return FixedBlockSize(size)
 
 
 def wrap_tokenizer(tokenizer):
@@ -395,14 +399,21 @@ def wrap_tokenizer(tokenizer):
 
 
 def encode_prompt(tokenizer, prompt: str | list | mx.array) -> list[int]:
-    if isinstance(prompt, mx.array):
-        return cast(list[int], prompt.reshape(-1).tolist())
+    """Text through the tokenizer; ids (a list or a 1-D array) checked as ints."""
     if isinstance(prompt, str):
         bos = tokenizer.bos_token
         return tokenizer.encode(
-            prompt, add_special_tokens=bos is None or not prompt.startswith(bos)
+            validate.text(prompt),
+            add_special_tokens=bos is None or not prompt.startswith(bos),
         )
-    return [int(t) for t in prompt]
+    return validate.token_ids(prompt)
+
+
+_EMPTY_IDS = "The prompt is empty: give at least one token."
+_EMPTY_TEXT = (
+    "The prompt encodes to no tokens: give some text (if it is not empty, the "
+    "tokenizer may be missing: check the model folder's tokenizer files)."
+)
 
 
 def stream_generate(
@@ -437,8 +448,7 @@ def stream_generate(
     """
     from mlx_lm.generate import generation_stream, wired_limit
 
-    if max_tokens == 0:
-        raise ValueError("max_tokens must be non-zero (use -1 for no limit).")
+    validate.max_tokens(max_tokens)
     params = SamplingParams(temperature, top_p, top_k, min_p)
     policy = _block_policy(block_size, draft)
     if draft is not None:
@@ -449,7 +459,7 @@ def stream_generate(
     tokenizer = wrap_tokenizer(tokenizer)
     ids = encode_prompt(tokenizer, prompt)
     if not ids:
-        raise ValueError("The prompt is empty: give at least one token.")
+        raise ValueError(_EMPTY_TEXT if prompt else _EMPTY_IDS)
     if prompt_cache is None:
         prompt_cache = PromptCache(target, draft)
     elif not prompt_cache.fits(target, draft):

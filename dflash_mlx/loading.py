@@ -1,7 +1,6 @@
 """Loading targets and drafters from Hub ids or local folders, with fix-it errors."""
 
 import json
-import os
 from pathlib import Path
 
 import mlx.core as mx
@@ -9,6 +8,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from . import draft as draft_module
+from .hub import resolve_path
 from .kernels import for_device
 from .target import SUPPORTED_MODEL_TYPES, Target
 
@@ -22,63 +22,6 @@ TARGET_FILES = [
     "*.jinja",
 ]
 DRAFT_FILES = ["*.json", "*.safetensors"]
-
-
-def resolve_path(path_or_repo: str, patterns: list[str], what: str = "model") -> Path:
-    """A local folder as-is, or a Hugging Face repo id downloaded (or cached)."""
-    path = Path(path_or_repo).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise ValueError(
-                f"{what} path '{path}' is a file; pass the folder that holds "
-                "config.json."
-            )
-        return path
-    if path_or_repo.startswith((".", "/", "~")) or path_or_repo.count("/") != 1:
-        raise ValueError(
-            f"{what} '{path_or_repo}' is neither an existing folder nor a Hugging Face "
-            "repo id "
-            "(owner/name). Check the path or the repo id."
-        )
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        LocalEntryNotFoundError,
-        RepositoryNotFoundError,
-    )
-
-    try:
-        return Path(snapshot_download(path_or_repo, allow_patterns=patterns))
-    except GatedRepoError as e:
-        raise ValueError(
-            f"{what} '{path_or_repo}' is gated on the Hugging Face Hub: accept its "
-            "licence on "
-            "the model page and log in with `hf auth login`."
-        ) from e
-    except RepositoryNotFoundError as e:
-        raise ValueError(
-            f"{what} '{path_or_repo}' was not found on the Hugging Face Hub. Check the "
-            "repo id "
-            "(and `hf auth login` for private repos)."
-        ) from e
-    except (LocalEntryNotFoundError, OSError) as e:
-        offline = os.environ.get("HF_HUB_OFFLINE", "0") not in (
-            "",
-            "0",
-            "false",
-            "False",
-        )
-        why = (
-            "HF_HUB_OFFLINE is set"
-            if offline
-            else "the Hugging Face Hub cannot be reached"
-        )
-        raise ValueError(
-            f"{what} '{path_or_repo}' is not in the local Hugging Face cache and "
-            f"{why}. "
-            f"Download it once with network access (`hf download {path_or_repo}`), "
-            "or pass a local folder."
-        ) from e
 
 
 def _read_config(path: Path, what: str) -> dict:
@@ -103,6 +46,32 @@ def read_safetensors(path) -> dict[str, mx.array]:
     return weights
 
 
+def check_safetensors(file: Path, what: str):
+    """A ValueError naming `file` if its header is not safetensors or its data is cut
+    short (an interrupted download), read without loading any tensor."""
+    fix = "the file is corrupt or incomplete: delete it and download it again"
+    try:
+        with open(file, "rb") as f:
+            size = int.from_bytes(f.read(8), "little")
+            if size <= 0 or size > 100_000_000:
+                raise ValueError("no safetensors header")
+            raw = f.read(size)
+            if len(raw) < size:
+                raise ValueError("its header is cut short")
+            header = json.loads(raw)
+        end = max(
+            (v["data_offsets"][1] for k, v in header.items() if k != "__metadata__"),
+            default=0,
+        )
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise ValueError(f"{what} weights '{file}' cannot be read ({e}): {fix}.") from e
+    if file.stat().st_size < 8 + size + end:
+        raise ValueError(
+            f"{what} weights '{file}' are cut short ({file.stat().st_size} bytes of "
+            f"{8 + size + end}): {fix}."
+        )
+
+
 def _read_weights(path: Path, what: str) -> dict:
     files = sorted(path.glob("*.safetensors"))
     if not files:
@@ -111,6 +80,7 @@ def _read_weights(path: Path, what: str) -> dict:
         )
     weights = {}
     for f in files:
+        check_safetensors(f, what)
         try:
             weights.update(read_safetensors(f))
         except Exception as e:
@@ -147,27 +117,64 @@ def load(path_or_repo: str | None = None, *, distributed=None, **kwargs):
             _shard(model, distributed, file)
         return model, tokenizer
     path = resolve_path(path_or_repo, TARGET_FILES, "Target model")
-    config = _read_config(path, "Target model")
-    kind = config.get("model_type")
-    text_kind = (config.get("text_config") or {}).get("model_type", kind)
-    if kind not in SUPPORTED_MODEL_TYPES and text_kind not in SUPPORTED_MODEL_TYPES:
-        raise ValueError(
-            f"Target '{path_or_repo}' is a '{kind}' model; DFlash targets supported "
-            "here: "
-            f"{', '.join(SUPPORTED_MODEL_TYPES)}."
-        )
+    what = f"Target '{path_or_repo}'"
+    _check_target_folder(path, _read_config(path, "Target model"), what)
     try:
         model, tokenizer = mlx_lm_load(
             str(path), lazy=distributed is not None, **kwargs
         )
     except FileNotFoundError as e:
+        raise ValueError(f"{what} is incomplete ({e}); download it again.") from e
+    except (TypeError, KeyError) as e:  # mlx-lm's ModelArgs from an incomplete config
         raise ValueError(
-            f"Target '{path_or_repo}' is incomplete ({e}); download it again."
+            f"{what}: its config.json lacks a field its model needs ({e}); "
+            "download config.json again or fix it."
         ) from e
     model.name_or_path = str(path_or_repo)
     if distributed is not None:
         _shard(model, distributed, path)
     return model, tokenizer
+
+
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "tokenizer.model",
+    "vocab.json",
+)
+
+
+def _check_target_folder(path: Path, config: dict, what: str):
+    """Refuse, before loading, a drafter given as a target, an unsupported family,
+    missing tokenizer files or cut-short weights."""
+    kind = config.get("model_type")
+    archs = config.get("architectures") or []
+    if (
+        kind == "dflash"
+        or "dflash_config" in config
+        or any(a in draft_module.ARCHITECTURES for a in archs)
+    ):
+        raise ValueError(
+            f"{what} is a DFlash drafter, not a target model: load it with "
+            "load_draft (`--draft` on the command line) and pass the model it was "
+            "trained for as the target (`--model`)."
+        )
+    text_kind = (config.get("text_config") or {}).get("model_type", kind)
+    if kind not in SUPPORTED_MODEL_TYPES and text_kind not in SUPPORTED_MODEL_TYPES:
+        raise ValueError(
+            f"{what} is a '{kind}' model; DFlash targets supported here: "
+            f"{', '.join(SUPPORTED_MODEL_TYPES)}."
+        )
+    if not any((path / f).is_file() for f in TOKENIZER_FILES) and not any(
+        path.glob("*.tiktoken")
+    ):
+        raise ValueError(
+            f"{what}: folder '{path}' has no tokenizer files "
+            f"({', '.join(TOKENIZER_FILES)}): copy them from the model's original "
+            "repo into it."
+        )
+    for file in sorted(path.glob("*.safetensors")):
+        check_safetensors(file, what)
 
 
 def _shard(model, group, source: Path):
@@ -199,6 +206,12 @@ def _drafter_args(config: dict, what: str) -> draft_module.ModelArgs:
         raise ValueError(
             f"{what}: layer_types must list one of {draft_module.LAYER_TYPES} "
             f"per layer ({args.num_hidden_layers}), got {args.layer_types}."
+        )
+    if not isinstance(args.block_size, int) or args.block_size < 1:
+        raise ValueError(
+            f"{what}: its config.json has block_size {args.block_size!r}, but a "
+            "drafter drafts blocks of at least 1 token (z-lab's use 16): fix "
+            "block_size in its config.json, or download the drafter again."
         )
     if "sliding_attention" in args.layer_types and not args.sliding_window:
         raise ValueError(
@@ -259,6 +272,22 @@ def _quantize_drafter(model: draft_module.Model, bits: int, group_size: int):
     )
 
 
+def _check_draft_options(bits, group_size, sliding_window_size):
+    if bits not in (None, 2, 3, 4, 5, 6, 8):
+        raise ValueError(f"bits must be one of 2, 3, 4, 5, 6, 8 (or None), got {bits}.")
+    if group_size not in (32, 64, 128):
+        raise ValueError(f"group_size must be 32, 64 or 128, got {group_size!r}.")
+    if sliding_window_size is not None and (
+        isinstance(sliding_window_size, bool)
+        or not isinstance(sliding_window_size, int)
+        or sliding_window_size < 1
+    ):
+        raise ValueError(
+            "sliding_window_size must be a positive number of tokens (or None: "
+            f"the whole context), got {sliding_window_size!r}."
+        )
+
+
 def load_draft(
     path_or_repo: str | None = None,
     target=None,
@@ -283,8 +312,7 @@ def load_draft(
             raise ValueError(
                 "The built-in default target has no drafter yet: pass a drafter path."
             )
-    if bits not in (None, 2, 3, 4, 5, 6, 8):
-        raise ValueError(f"bits must be one of 2, 3, 4, 5, 6, 8 (or None), got {bits}.")
+    _check_draft_options(bits, group_size, sliding_window_size)
     what = f"Drafter '{path_or_repo}'"
     path = resolve_path(path_or_repo, DRAFT_FILES, "Drafter")
     if distributed is not None:

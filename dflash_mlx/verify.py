@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from .validate import finite, is_int
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -26,8 +28,14 @@ class SamplingParams:
     min_p: float = 0.0
 
     def __post_init__(self):
+        for name in ("temperature", "top_p", "min_p"):
+            finite(name, getattr(self, name))
+        if not is_int(self.top_k):
+            raise ValueError(f"top_k must be an integer (0: off), got {self.top_k!r}.")
         if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}.")
+            raise ValueError(
+                f"temperature must be >= 0 (0: greedy), got {self.temperature}."
+            )
         if not 0 <= self.top_p <= 1:
             raise ValueError(
                 f"top_p must be in [0, 1] (0 or 1: off), got {self.top_p}."

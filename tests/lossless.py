@@ -1,5 +1,7 @@
 """Helpers for the lossless claim: plain mlx-lm greedy decoding is the reference."""
 
+import dataclasses
+
 import mlx_lm
 from oracles import OracleDraft
 
@@ -31,8 +33,12 @@ def spec(model, draft, tok, prompt, **kw):
     return [t for r in responses for t in r.tokens], responses
 
 
-def oracle(draft, reference, wrong=lambda k, i: False):
-    """`draft`'s weights, proposing `reference` except where `wrong(k, i)`."""
-    o = OracleDraft(draft.args, reference, wrong)
+def oracle(draft, reference, wrong=lambda k, i: False, block_size=None):
+    """`draft`'s weights, proposing `reference` except where `wrong(k, i)`; with
+    `block_size`, declaring that block size (stream_generate caps larger ones)."""
+    args = draft.args
+    if block_size is not None:
+        args = dataclasses.replace(args, block_size=block_size)
+    o = OracleDraft(args, reference, wrong)
     o.update(draft.parameters())
     return o

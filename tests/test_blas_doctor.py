@@ -82,7 +82,7 @@ def test_loaded_libraries_and_find(tmp_path):
 
 
 def test_matmul_probe():
-    gflops = blas.matmul_gflops(128, min_seconds=0.01)
+    gflops = blas.matmul_gflops(256, min_seconds=0.01)
     assert 0.01 < gflops < 1e5
 
 
@@ -102,13 +102,13 @@ def test_advice():
 
 
 def test_doctor_cli():
-    result = CliRunner().invoke(app, ["doctor", "--matmul-size", "64"])
+    result = CliRunner().invoke(app, ["doctor", "--matmul-size", "256"])
     assert result.exit_code == 0, result.output
     for field in [
         "Backend",
         "Device",
         "BLAS in use",
-        "Matmul 64",
+        "Matmul 256",
         "GFLOP/s",
         "MLX / mlx-lm",
         "Attention kernels",
@@ -119,11 +119,11 @@ def test_doctor_cli():
 
 
 def test_doctor_json():
-    result = CliRunner().invoke(app, ["doctor", "--json", "--matmul-size", "64"])
+    result = CliRunner().invoke(app, ["doctor", "--json", "--matmul-size", "256"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output)
     assert report["backend"] in ("CPU", "Metal (GPU)", "CUDA (GPU)")
-    assert report["matmul_gflops"] > 0 and report["matmul_size"] == 64
+    assert report["matmul_gflops"] > 0 and report["matmul_size"] == 256
     assert report["mlx"][0].isdigit() and report["blas"]
     assert isinstance(report["fixes"], list) and report["ok"] == (not report["fixes"])
     if (

@@ -109,11 +109,28 @@ def test_chat_session_in_a_terminal(paths, tmp_path):
     assert "*[interrupted]*" in (tmp_path / "chat.md").read_text()
 
 
-@pytest.mark.parametrize("key", ["d", "c"])
-def test_ctrl_d_or_ctrl_c_at_the_prompt_exits_zero(paths, key):
+def test_ctrl_c_at_the_prompt_cancels_the_line_and_ctrl_d_leaves(paths):
     t, _ = paths
     child = spawn("-m", t, "-n", 4)
-    child.sendcontrol(key)
+    child.send("half a thought")
+    child.sendcontrol("c")  # as in Python's REPL: the line goes, the chat stays
+    child.expect_exact("line cancelled: Ctrl-D or /exit leaves")
+    child.expect_exact(PROMPT)
+    command(child, "/temp 0", "Temperature 0 (greedy).")
+    child.sendcontrol("d")
     child.expect(pexpect.EOF)
     child.close()
     assert child.exitstatus == 0 and child.signalstatus is None
+
+
+def test_a_non_utf8_message_is_refused_and_the_chat_goes_on(paths):
+    t, _ = paths
+    child = spawn("-m", t, "-n", 4)
+    os.write(child.child_fd, b"caf\xe9 au lait\r")  # Latin-1, not UTF-8
+    child.expect_exact("not valid UTF-8")
+    child.expect_exact(PROMPT)
+    command(child, "/temp 0", "Temperature 0 (greedy).")
+    child.sendline("/exit")
+    child.expect(pexpect.EOF)
+    child.close()
+    assert child.exitstatus == 0

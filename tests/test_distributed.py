@@ -36,7 +36,7 @@ def _case(root: Path, name: str, family: str, sharding: str, **kw) -> dict:
     target = root / f"{name}-target"
     if not target.exists():
         tiny.make_target(target, family, **kw.pop("target", {}))
-    draft = tiny.make_draft(root / f"{name}-draft", target)
+    draft = tiny.make_draft(root / f"{name}-draft", target, block_size=16)  # b16 runs
     return dict(
         name=name, target=str(target), draft=str(draft), sharding=sharding,
         prompt=PROMPT, max_tokens=16, runs=RUNS, **kw,

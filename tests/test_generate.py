@@ -68,7 +68,7 @@ def test_every_block_size(loaded, family):
     model, tok, draft = loaded(family)
     prompt = long_prompt(model, tok, 33)
     ref = plain(model, tok, prompt, 33)
-    half = oracle(draft, prompt + ref, lambda k, i: i % 5 == 0)
+    half = oracle(draft, prompt + ref, lambda k, i: i % 5 == 0, block_size=16)
     for block_size in range(1, 17):
         out, responses = spec(
             model, half, tok, prompt, max_tokens=33, block_size=block_size

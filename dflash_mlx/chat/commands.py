@@ -5,7 +5,10 @@ A handler takes the session and the argument text and returns (action, message):
 arguments raise ValueError with the usage.
 """
 
+import math
 from collections.abc import Callable
+
+from ..validate import block_size as check_block_size
 
 COMMANDS = {
     "/help": "show this help",
@@ -17,15 +20,19 @@ COMMANDS = {
     "/draft on|off": "speculative decoding on, or plain decoding to compare",
     "/color on|off": "colour tokens by source (drafted vs target)",
     "/save PATH": "save the transcript (.json, otherwise Markdown)",
+    "/save! PATH": "save it over an existing file",
     "/exit": "leave (also Ctrl-D)",
 }
 
 
 def _number(arg: str, kind, example: str):
     try:
-        return kind(arg)
+        value = kind(arg)
     except ValueError:
         raise ValueError(f"Expected a number, e.g. {example}") from None
+    if not math.isfinite(value):
+        raise ValueError(f"Expected a finite number, e.g. {example}")
+    return value
 
 
 def _on_off(arg: str, usage: str) -> bool:
@@ -60,8 +67,15 @@ def _block(session, arg):
         raise ValueError("Block size must be >= 1: /block 16 (1 = plain decoding).")
     if session.draft is None and value > 1:
         raise ValueError("No drafter loaded: restart with --draft to use blocks > 1.")
-    session.settings.block_size = value
-    return "info", f"Block size {value}."
+    largest = session.draft.args.block_size if session.draft is not None else None
+    size, capped = check_block_size(value, largest)
+    session.settings.block_size = size
+    if capped:
+        return (
+            "info",
+            f"Block size {size}, the drafter's largest ({value} is above it).",
+        )
+    return "info", f"Block size {size}."
 
 
 def _max(session, arg):
@@ -89,10 +103,15 @@ def _color(session, arg):
     return "info", "Token colours " + arg + "."
 
 
-def _save(session, arg):
+def _save(session, arg, overwrite: bool = False):
     if not arg:
         raise ValueError("Usage: /save chat.md  or  /save chat.json")
-    path = session.save(arg)
+    try:
+        path = session.save(arg, overwrite)
+    except FileExistsError:
+        raise ValueError(
+            f"{arg} already exists: /save! {arg} replaces it, or choose another name."
+        ) from None
     return "info", f"Saved {len(session.messages)} messages to {path}."
 
 
@@ -108,6 +127,7 @@ HANDLERS: dict[str, Callable] = {
     "/draft": _draft,
     "/color": _color,
     "/save": _save,
+    "/save!": lambda session, arg: _save(session, arg, overwrite=True),
 }
 
 

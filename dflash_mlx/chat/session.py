@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import conversation
+from .. import conversation, validate
 from ..adaptive import AdaptiveBlockSize
 from ..generate import make_prompt_cache, stream_generate, wrap_tokenizer
 from ..resolve import context_length
@@ -28,6 +28,15 @@ class Settings:
     draft_on: bool = True
     color: bool = False
     seed: int | None = None  # sampling seed; turn i draws with seed + i
+
+    def __post_init__(self):
+        """Refuse nonsense at once (the CLI checks its options here, before loading)."""
+        from ..verify import SamplingParams
+
+        SamplingParams(self.temperature, self.top_p, self.top_k, self.min_p)
+        validate.max_tokens(self.max_tokens)
+        if self.block_size not in (None, "auto"):
+            validate.block_size(self.block_size, None)
 
 
 class ChatSession:
@@ -143,6 +152,7 @@ class ChatSession:
         Raises ValueError at once (before any work) for an empty or too long prompt."""
         if not text.strip():
             raise ValueError("Empty message: type something (or /help).")
+        validate.text(text, "This message")
         user = {"role": "user", "content": text}
         prompt_text = self.render_text(self.messages + [user])
         ids = self.encode(prompt_text)
@@ -150,10 +160,14 @@ class ChatSession:
         if self.context:
             room = self.context - len(ids)
             if room <= 0:
+                fix = (
+                    "/reset the conversation or send a shorter message"
+                    if self.messages
+                    else "shorten the prompt"
+                )
                 raise ValueError(
                     f"This prompt is {len(ids)} tokens but the model's context is "
-                    f"{self.context}: /reset the conversation or send a shorter "
-                    "message."
+                    f"{self.context}: {fix}."
                 )
             max_tokens = room if max_tokens < 0 else min(max_tokens, room)
         return self._run(user, prompt_text, ids, max_tokens)
@@ -241,5 +255,7 @@ class ChatSession:
     def transcript(self) -> dict:
         return transcript(self.messages, self.system, asdict(self.settings), self.names)
 
-    def save(self, path) -> Path:
-        return save(self.transcript(), path)
+    def save(self, path, overwrite: bool = False) -> Path:
+        """Write the transcript; FileExistsError for an existing file unless
+        `overwrite`."""
+        return save(self.transcript(), path, overwrite)

@@ -3,6 +3,7 @@
 import json
 from pathlib import Path
 
+from .. import files
 from ..conversation import split_thinking
 
 
@@ -28,18 +29,22 @@ def transcript(
     }
 
 
-def save(data: dict, path) -> Path:
-    """Write `data` as JSON (a .json path) or Markdown; a ValueError if it cannot."""
+def save(data: dict, path, overwrite: bool = False) -> Path:
+    """Write `data` as JSON (a .json path) or Markdown, atomically; FileExistsError if
+    `path` exists and not `overwrite`, a ValueError if it cannot be written."""
     path = Path(path).expanduser()
+    if path.exists() and not overwrite and not path.is_dir():
+        raise FileExistsError(f"{path} already exists.")
+    if path.suffix.lower() == ".json":
+        text = json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+    else:
+        text = markdown(data)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        if path.suffix.lower() == ".json":
-            path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n")
-        else:
-            path.write_text(markdown(data))
+        files.write_text(path, text)
     except OSError as e:
         raise ValueError(
-            f"Cannot write {path} ({e.strerror}): choose another path."
+            f"Cannot write {path} ({e.strerror or e}): choose another path."
         ) from e
     return path
 

@@ -12,7 +12,7 @@ from .export import export_drafter, new_drafter, new_drafter_args
 from .features import FeatureStore, choose_mode
 from .loop import SaveEvent, StepEvent, TrainConfig, Trainer, ValEvent, measure_tau
 from .packed import block_logits, block_loss, packed_hidden
-from .pipeline import Finished, Stage, TrainOptions, run
+from .pipeline import Finished, Stage, TrainOptions, check, run
 
 __all__ = [
     "FeatureStore",
@@ -25,6 +25,7 @@ __all__ = [
     "Trainer",
     "ValEvent",
     "block_logits",
+    "check",
     "block_loss",
     "choose_mode",
     "default_gamma",

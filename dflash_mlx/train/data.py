@@ -32,7 +32,14 @@ def _read_jsonl(path: Path) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def _record_messages(r: dict, where: str) -> list:
+def _record_messages(r, where: str) -> list:
+    if isinstance(r, str) and r.strip():  # a bare JSON string, as `bench` takes
+        return [{"role": "user", "content": r}]
+    if not isinstance(r, dict):
+        raise ValueError(
+            f"{where}: each line must be a JSON string or an object with 'messages' "
+            f"or a 'prompt' string; got {r!r:.60}."
+        )
     if "messages" in r:
         return list(r["messages"])
     for key in ("prompt", "question", "instruction", "text"):
@@ -71,7 +78,9 @@ def load_prompts(spec: str) -> list[Prompt]:
         raise ValueError(f"Prompt file '{spec}' is not valid JSON lines ({e}).") from e
     return [
         Prompt(
-            str(r.get("id", f"{path.stem}/{i}")),
+            str(r.get("id", f"{path.stem}/{i}"))
+            if isinstance(r, dict)
+            else f"{path.stem}/{i}",
             _record_messages(r, f"{spec} line {i + 1}"),
         )
         for i, r in enumerate(records)

@@ -7,6 +7,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
+from .. import files
 from ..draft import Model, ModelArgs, default_target_layer_ids
 from ..loading import read_safetensors
 
@@ -134,8 +135,8 @@ def export_drafter(model: Model, out: Path, card: dict, dtype=None) -> Path:
             dtype, "float32"
         )
     save_weights(model, out / "model.safetensors", dtype)
-    (out / "config.json").write_text(json.dumps(config, indent=2))
-    (out / "README.md").write_text(model_card(model.args, card))
+    files.write_text(out / "config.json", json.dumps(config, indent=2))
+    files.write_text(out / "README.md", model_card(model.args, card))
     return out
 
 

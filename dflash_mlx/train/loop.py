@@ -45,6 +45,11 @@ class TrainConfig:
     save_every: int = 250
     keep_checkpoints: int = 2
 
+    def __post_init__(self):
+        from .checks import check_config
+
+        check_config(self)
+
     def total_steps(self, n_samples: int) -> int:
         if self.steps > 0:
             return self.steps

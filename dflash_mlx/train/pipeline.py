@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..draft_head import select_draft_vocab
+from .checks import check_init_from, check_options, check_out
 from .data import (
     check_meta,
     encode_chat,
@@ -59,6 +60,10 @@ class TrainOptions:
     draft_vocab: int = 0  # 0: the whole target vocabulary; N: the N most used tokens
     init_from: Path | None = None  # start from these drafter weights (not a resume)
     train: TrainConfig = field(default_factory=TrainConfig)
+    force: bool = False  # write into an --out folder that holds another model
+
+    def __post_init__(self):
+        check_options(self)
 
 
 @dataclass
@@ -108,14 +113,32 @@ def load_target(spec: str):
     return load(str(spec))
 
 
+def check(opts: TrainOptions) -> tuple[list, list]:
+    """Everything checkable before the target loads (the output folder, the prompt
+    sets, --init-from); the (train, validation) prompts."""
+    check_out(opts.out, opts.force)
+    check_init_from(opts.init_from)
+    return _prompt_sets(opts)
+
+
 def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
     """Yield Stage, DataProgress, FeatureProgress, Step/Val/SaveEvent, then Finished."""
     from ..target import Target
 
-    out = Path(opts.out)
+    out = Path(opts.out).expanduser()
+    train_prompts, val_prompts = check(opts)
     if model is None:
         model, tokenizer = load_target(opts.target)
-    train_prompts, val_prompts = _prompt_sets(opts)
+    probe = Target(model)
+    args = new_drafter_args(
+        probe,
+        opts.draft_layers,
+        opts.block_size,
+        opts.target_layer_ids,
+        opts.mask_token_id,
+    )
+    if opts.init_from:  # its shapes fit, before hours of data and features
+        init_weights(new_drafter(args, opts.train.seed), Path(opts.init_from))
 
     yield Stage(
         "data",
@@ -147,14 +170,6 @@ def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
         _truncate(read_samples(data / "responses.jsonl"), opts.max_len), keep
     )
 
-    probe = Target(model)
-    args = new_drafter_args(
-        probe,
-        opts.draft_layers,
-        opts.block_size,
-        opts.target_layer_ids,
-        opts.mask_token_id,
-    )
     target = Target(model, args.target_layer_ids)
     mode, why = choose_mode(
         opts.features, samples, target, out / "features", opts.feature_budget_gb
