@@ -85,7 +85,7 @@ class CandidateSelector(nn.Module):
             args.hidden_size, args.selector_rank, bias=False
         )
 
-    def __call__(self, hidden, logits, anchor, temperature: float, key=None):
+    def __call__(self, hidden, logits, anchor, temperature: float):
         """Walk the block left to right: (picks (L,), candidates (L, k), q (L, k) or
         None).
 
@@ -98,16 +98,12 @@ class CandidateSelector(nn.Module):
         successors = self.successor_codebook(candidates)  # (L, k, rank)
         previous = anchor
         picks, q_rows = [], []
-        keys: list[mx.array | None] = [None] * hidden.shape[0]
-        if temperature > 0 and key is not None:
-            split = mx.random.split(key, hidden.shape[0])
-            keys = [split[t] for t in range(hidden.shape[0])]
         for t in range(hidden.shape[0]):
             pair = (self.predecessor_codebook(previous) * hidden[t]) @ successors[t].T
             scores = unary[t] + pair
             if temperature > 0:
                 q = mx.softmax(scores.astype(mx.float32) / temperature, axis=-1)
-                choice = categorical(q, keys[t])
+                choice = categorical(q)
                 q_rows.append(q)
             else:
                 choice = mx.argmax(scores, axis=-1)
@@ -125,9 +121,11 @@ class Model(v1.Model):
         super().__init__(args)
         self.candidate_selector = CandidateSelector(args)
 
-    def propose(self, hidden, logits, anchor, params, key=None):
+    def propose(self, hidden, logits, anchor, params, noise=None):
+        # Its picks are sequential over top-k candidates, so a seeded generation's
+        # noise is not used for them: drafts stay exact to verify, they only agree less.
         picks, candidates, q = self.candidate_selector(
-            hidden, logits, anchor, params.temperature, key
+            hidden, logits, anchor, params.temperature
         )
         if q is None:
             return picks, None

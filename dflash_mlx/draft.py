@@ -15,7 +15,7 @@ from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
 from .kernels import MLX, Kernels
-from .verify import categorical
+from .verify import categorical, perturbed
 
 ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel")
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -344,17 +344,19 @@ class Model(nn.Module):
             c.trim(L)
         return self.norm(h)
 
-    def propose(self, hidden, logits, anchor, params, key=None):
+    def propose(self, hidden, logits, anchor, params, noise=None):
         """Block tokens from drafted-position logits (L, V): (tokens, q or None when
-        greedy).
+        greedy). With `noise` (a seeded generation's Gumbel noise for these positions)
+        each token is argmax(log q + noise), coupled with the target's own draw.
 
-        `hidden` and `anchor` (the token before the block) are unused by v1 drafters;
-        `key` is the PRNG key to draw with (None: MLX's global generator).
+        `hidden` and `anchor` (the token before the block) are unused by v1 drafters.
         """
         if params.greedy:
             return mx.argmax(logits, axis=-1), None
         q = params.probs(logits)
-        return categorical(q, key), q
+        if noise is not None:
+            return mx.argmax(perturbed(q, noise), axis=-1), q
+        return categorical(q), q
 
     def finalize_logits(self, logits: mx.array) -> mx.array:
         """Apply the drafter's output multiplier and soft-capping to head logits."""

@@ -63,16 +63,16 @@ class SamplingParams:
             logprobs = apply_top_k(logprobs, self.top_k)
         return mx.softmax(logprobs / self.temperature, axis=-1)
 
-    def sample(self, logits: mx.array, key: mx.array | None = None) -> mx.array:
+    def sample(self, logits: mx.array) -> mx.array:
         """One token per row of `logits` (argmax when greedy)."""
         if self.greedy:
             return mx.argmax(logits, axis=-1)
-        return categorical(self.probs(logits), key)
+        return categorical(self.probs(logits))
 
 
-def categorical(probs: mx.array, key: mx.array | None = None) -> mx.array:
-    """A draw per row of `probs`; from `key` when given, else MLX's global generator."""
-    return mx.random.categorical(mx.log(probs), key=key)
+def categorical(probs: mx.array) -> mx.array:
+    """A draw per row of `probs`, from MLX's global generator."""
+    return mx.random.categorical(mx.log(probs))
 
 
 def _emit(drafts: mx.array, n_accepted: mx.array, last: mx.array) -> mx.array:
@@ -95,20 +95,17 @@ def accept_sampled(
     drafts: mx.array,
     draft_probs: mx.array,
     target_probs: mx.array,
-    key: mx.array | None = None,
 ):
     """Lossless speculative sampling (Leviathan et al.) for a parallel-drafted block.
 
     drafts (n,) were sampled from draft_probs (n, V); target_probs is (n+1, V). Accept
     d_i with probability min(1, p_i(d_i)/q_i(d_i)); at the first rejection draw from
     normalize(max(0, p_i - q_i)); if all are accepted draw a bonus token from p_n.
-    With `key`, every draw comes from it (else from MLX's global generator).
     """
     n = drafts.shape[0]
     p = mx.take_along_axis(target_probs[:n], drafts[:, None], axis=-1)[:, 0]
     q = mx.take_along_axis(draft_probs, drafts[:, None], axis=-1)[:, 0]
-    u_key, pick_key = mx.random.split(key) if key is not None else (None, None)
-    u = mx.random.uniform(shape=(n,), key=u_key)
+    u = mx.random.uniform(shape=(n,))
     n_accepted = mx.sum(mx.cumprod((u * q < p).astype(mx.int32)))
     q_padded = mx.concatenate([draft_probs, mx.zeros_like(target_probs[:1])], axis=0)
     p_row, q_row = target_probs[n_accepted], q_padded[n_accepted]
@@ -116,22 +113,39 @@ def accept_sampled(
     mass = mx.sum(residual)
     # mass can only vanish through rounding when p == q; then p itself is the answer
     residual = mx.where(mass > 1e-12, residual / mx.maximum(mass, 1e-30), p_row)
-    return n_accepted, _emit(drafts, n_accepted, categorical(residual, pick_key))
+    return n_accepted, _emit(drafts, n_accepted, categorical(residual))
 
 
-class KeyStream:
-    """A generation's own PRNG keys: with a seed, its draws depend on nothing else (not
-    on MLX's global generator, nor on other generations interleaved with it)."""
+class SeededNoise:
+    """Gumbel noise for each sequence position, drawn from a seed.
 
-    def __init__(self, seed: int | None):
-        self._key = None if seed is None else mx.random.key(seed)
+    argmax(log p + G_t) is an exact draw from p (the Gumbel-max trick). A seeded
+    generation commits at position t the target's draw with G_t, so its output depends
+    on the seed, the prompt and the target alone: not on the block sizes verified (which
+    "auto" picks from timings), the drafter, other generations, or how many ranks share
+    the target. Drafts drawn with the same G_t agree with the target as often as
+    possible; they are accepted while they equal its draw (exact for any drafts)."""
 
-    def take(self) -> mx.array | None:
-        """A fresh key (None without a seed: draw from MLX's global generator)."""
-        if self._key is None:
-            return None
-        self._key, key = mx.random.split(self._key)
-        return key
+    _MIX = 0x9E3779B97F4A7C15  # spreads (seed, position) over the 64-bit key space
+
+    def __init__(self, seed: int):
+        self.seed = int(seed)
+
+    def at(self, start: int, count: int, vocab: int) -> mx.array:
+        """(count, vocab) noise for positions start .. start + count - 1."""
+        rows = [
+            mx.random.gumbel((vocab,), key=mx.random.key(self._key(t)))
+            for t in range(start, start + count)
+        ]
+        return mx.stack(rows)
+
+    def _key(self, position: int) -> int:
+        return (self.seed * self._MIX + position * 0x2545F4914F6CDD1D) % (1 << 64)
+
+
+def perturbed(probs: mx.array, noise: mx.array) -> mx.array:
+    """log probs + Gumbel noise: its argmax is a draw from probs."""
+    return mx.log(probs) + noise
 
 
 def token_logprobs(logits: mx.array, tokens: mx.array, top: int):

@@ -1,28 +1,21 @@
 """Two local ranks on the ring backend (mlx.launch): sharded targets stay lossless."""
 
 import json
-import os
-import random
-import signal
 import subprocess
-import time
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 
-import mlx.core as mx
+import launcher
 import pytest
 import tiny
+from chisquare import chi2, chi2_critical
 from lossless import plain
-from test_verify import chi2, chi2_critical
 
 from dflash_mlx import load
 
-LAUNCH = Path(sys.executable).with_name("mlx.launch")
-pytestmark = pytest.mark.skipif(
-    not (LAUNCH.exists() and mx.distributed.is_available()),
-    reason="this MLX build cannot start local ranks (no mlx.launch or no backend)",
-)
+pytestmark = launcher.needs_two_ranks
 PROMPT = [5, 17, 99, 3, 42]
 BLOCK_SIZES = [1, 4, 8, 16, "auto"]
 # drafters that accept partly (every block size), fully, not at all, and a random one
@@ -47,20 +40,7 @@ def launch(tmp: Path, cases: list, **spec) -> subprocess.CompletedProcess:
     spec = {"cases": cases, "out": str(tmp), **spec}
     (tmp / "spec.json").write_text(json.dumps(spec))
     worker = Path(__file__).with_name("distributed_worker.py")
-    cmd = [str(LAUNCH), "-n", "2", "--backend", "ring", "--starting-port",
-           str(random.randint(20000, 40000)), "--", sys.executable, str(worker),
-           str(tmp / "spec.json")]  # fmt: skip
-    # its own session: a timeout kills the launcher and both ranks, not just the former
-    proc = subprocess.Popen(
-        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        start_new_session=True,
-    )  # fmt: skip
-    try:
-        out, err = proc.communicate(timeout=900)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        raise
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+    return launcher.run(sys.executable, str(worker), str(tmp / "spec.json"))
 
 
 @pytest.fixture(scope="module")

@@ -36,6 +36,24 @@ def test_same_seed_same_output_whatever_the_global_state(pair):
     assert len({tuple(_sampled(pair, s)) for s in range(4)}) > 1  # seeds matter
 
 
+@pytest.mark.parametrize("top_p", [1.0, 0.8])
+def test_seeded_output_does_not_depend_on_the_block_sizes(pair, top_p):
+    """Each token is the target's seeded draw at its position: plain decoding, fixed
+    blocks and "auto" (sizes from timings) all give the same output."""
+    model, tok, draft = pair
+    runs = {
+        b: _sampled(pair, 11, block_size=b, top_p=top_p, max_tokens=40)
+        for b in (1, 2, 4, 8, "auto")
+    }
+    plain = _tokens(
+        stream_generate(
+            model, None, tok, PROMPT, max_tokens=40, temperature=1.0, top_p=top_p,
+            seed=11,
+        )
+    )  # fmt: skip
+    assert all(out == plain for out in runs.values()), runs
+
+
 def test_interleaved_seeded_generations_equal_their_solo_runs(pair):
     model, tok, draft = pair
     solo = {s: _sampled(pair, s, top_p=0.9) for s in (5, 6)}

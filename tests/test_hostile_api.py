@@ -84,7 +84,7 @@ def test_stream_generate_refuses(pair, case):
 
 
 def test_generate_blocks_checks_the_same_inputs(pair):
-    from dflash_mlx.generate import generate_blocks
+    from dflash_mlx.engine import generate_blocks
     from dflash_mlx.target import Target
     from dflash_mlx.verify import SamplingParams
 

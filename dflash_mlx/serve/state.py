@@ -39,7 +39,8 @@ def build_state(
     from mlx_lm.generate import TextStateMachine, make_text_state_machine
 
     from ..adaptive import AdaptiveBlockSize
-    from ..generate import _as_target, make_prompt_cache, wrap_tokenizer
+    from ..engine import as_target
+    from ..generate import make_prompt_cache, wrap_tokenizer
     from ..resolve import context_length
     from .metrics import Metrics
     from .prompt_pool import PromptPool
@@ -49,7 +50,7 @@ def build_state(
         from ..loading import check_compatible
 
         check_compatible(model, draft)
-    target = _as_target(model, draft)
+    target = as_target(model, draft)
     tokenizer = wrap_tokenizer(tokenizer)
     block_size: int | str | AdaptiveBlockSize = (
         config.block_size if draft is not None else 1
