@@ -261,6 +261,9 @@ class Scheduler:
             r = next(run.gen)
         except StopIteration:
             return self._end(run, Finished("done"))
+        except ValueError as e:  # the engine's input checks: the request's fault
+            failure = Failed(400, str(e), "invalid_request_error")
+            return self._end(run, failure, keep_cache=False)
         except Exception as e:
             log.exception("generation failed")
             failure = Failed(500, f"Generation failed: {e}", "generation_error")
