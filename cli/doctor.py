@@ -39,7 +39,7 @@ def _cpu_kernels(mx) -> tuple[str, list]:
     ]
 
 
-def collect(matmul_size: int = 1024, model: str | None = None) -> dict:
+def collect(matmul_size: int = 1024, model: str | None = None, group=None) -> dict:
     """Everything doctor reports, as plain data (also what `--json` prints)."""
     import mlx.core as mx
 
@@ -63,6 +63,9 @@ def collect(matmul_size: int = 1024, model: str | None = None) -> dict:
         "matmul_gflops": None if gflops is None else round(gflops, 1),
         "fixes": blas.advice(info, gflops, openblas=openblas),
     }
+    report["distributed"] = None  # this process's group under mlx.launch
+    if group is not None:
+        report["distributed"] = {**group.describe(), "rank": group.rank}
     report["cpu_kernels"], fixes = _cpu_kernels(mx)
     report["fixes"] += fixes
     try:
@@ -108,6 +111,15 @@ def _model_rows(m: dict) -> list[tuple[str, str]]:
     return rows
 
 
+def _group_text(group: dict | None) -> str:
+    if group is None:
+        return "one process (start with mlx.launch to shard a target)"
+    return (
+        f"{group['size']} ranks, {group['backend']} backend (this report: rank "
+        f"{group['rank']})"
+    )
+
+
 def render(report: dict):
     from rich.console import Console
     from rich.table import Table
@@ -134,6 +146,7 @@ def render(report: dict):
         ("OpenBLAS installed", report["openblas_installed"] or "no"),
         (f"Matmul {report['matmul_size']}² f32", speed),
         ("Attention kernels", report["cpu_kernels"]),
+        ("Distributed", _group_text(report["distributed"])),
         ("Default target", report["default_target"] or "[red]missing[/red]"),
         ("Default drafter", report["default_draft"] or "[yellow]none[/yellow]"),
     ]
@@ -169,10 +182,11 @@ def doctor(
     from dflash_mlx.blas import check_matmul_size
 
     from . import errors, ui
+    from .ranks import join
 
     with errors.usage(ui.console(stderr=True)):
         check_matmul_size(matmul_size)
-    report = collect(matmul_size, model)
+    report = collect(matmul_size, model, join())
     if as_json:
         typer.echo(json.dumps(report))
     else:

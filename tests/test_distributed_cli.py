@@ -87,3 +87,15 @@ def test_serve_on_two_ranks_answers_through_rank_0(pair):
     text = json.loads(alone.stdout)["text"]
     assert [a["choices"][0]["text"] for a in answers] == [text, text]
     assert answers[1]["usage"]["prompt_tokens_details"]["cached_tokens"] > 0
+
+
+def test_doctor_reports_the_group():
+    proc = launcher.run(CLI, "doctor", "--matmul-size", "0", "--json", timeout=120)
+    reports = [json.loads(ln) for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    assert len(reports) == 1  # rank 0's
+    assert reports[0]["distributed"] == {
+        "backend": "ring", "size": 2, "sharding": "tensor", "rank": 0,
+    }  # fmt: skip
+    alone = subprocess.run([CLI, "doctor", "--matmul-size", "0", "--json"],
+                           capture_output=True, text=True, env=ENV)  # fmt: skip
+    assert json.loads(alone.stdout)["distributed"] is None
