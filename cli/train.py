@@ -106,6 +106,12 @@ def train(
     init_from: Path | None = typer.Option(
         None, "--init-from", help="Start from this drafter or checkpoint folder."
     ),
+    corpus: Path | None = typer.Option(
+        None,
+        "--corpus",
+        help="A folder of responses kept across runs: take the ones it has, generate "
+        "the rest, write them all back (e.g. corpus/smollm2-135m-instruct).",
+    ),
     force: bool = typer.Option(
         False,
         "--force",
@@ -154,6 +160,7 @@ def train(
             feature_budget_gb=feature_budget_gb,
             draft_vocab=draft_vocab,
             init_from=init_from,
+            corpus=corpus,
             train=config,
             force=force,
         )

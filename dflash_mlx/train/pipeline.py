@@ -18,6 +18,7 @@ import mlx.core as mx
 import numpy as np
 
 from ..draft_head import select_draft_vocab
+from . import corpus
 from .checks import check_init_from, check_options, check_out
 from .data import (
     check_meta,
@@ -59,6 +60,7 @@ class TrainOptions:
     feature_budget_gb: float = 20.0
     draft_vocab: int = 0  # 0: the whole target vocabulary; N: the N most used tokens
     init_from: Path | None = None  # start from these drafter weights (not a resume)
+    corpus: Path | None = None  # responses kept across runs (see corpus.py)
     train: TrainConfig = field(default_factory=TrainConfig)
     force: bool = False  # write into an --out folder that holds another model
 
@@ -154,17 +156,26 @@ def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
             "max_new_tokens": opts.max_new_tokens,
         },
     )
-    yield from regenerate(
-        model,
-        tokenizer,
-        train_prompts,
-        data / "responses.jsonl",
-        opts.max_new_tokens,
-        opts.max_len,
-        opts.gen_batch_size,
-        opts.temperature,
-        opts.train.seed,
-    )
+    corpus_meta = corpus.corpus_meta(opts.target, opts.temperature, opts.max_new_tokens)
+    if opts.corpus is not None:  # responses earlier runs already made
+        corpus.seed_cache(
+            opts.corpus, corpus_meta, train_prompts, tokenizer, data / "responses.jsonl"
+        )
+    try:
+        yield from regenerate(
+            model,
+            tokenizer,
+            train_prompts,
+            data / "responses.jsonl",
+            opts.max_new_tokens,
+            opts.max_len,
+            opts.gen_batch_size,
+            opts.temperature,
+            opts.train.seed,
+        )
+    finally:  # also after Ctrl-C: what was generated joins the corpus
+        if opts.corpus is not None:
+            corpus.write_corpus(opts.corpus, corpus_meta, data / "responses.jsonl")
     keep = {p.id for p in train_prompts}
     samples = samples_for_training(
         _truncate(read_samples(data / "responses.jsonl"), opts.max_len), keep
