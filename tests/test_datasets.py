@@ -131,3 +131,13 @@ def test_data_folder_is_small_licensed_and_has_no_training_split():
         assert files.get(f"LICENSE.{licence}", 0) > 100
     assert "SOURCES.md" in files
     assert all(f.endswith(".jsonl.gz") for f in bench_files)
+
+
+def test_code_train_prompts_are_not_the_benchmarks():
+    from dflash_mlx.datasets import bundled
+    from dflash_mlx.train.data import load_prompts
+
+    prompts = {p.messages[0]["content"] for p in load_prompts("bundled:code-train")}
+    assert len(prompts) == 1466
+    tests = {s.turns[0] for name in ("humaneval", "mbpp") for s in bundled(name)}
+    assert not prompts & tests
