@@ -98,12 +98,16 @@ def main():
     args = parser.parse_args()
     found = list(_functions())
     random.Random(0).shuffle(found)
-    rows = [
-        {"id": f"code-train/{shape}/{module}.{fname}",
-         "prompt": _prompt(shape, fname, sig, summary)}
-        for module, fname, sig, summary in found[: args.max]
-        for shape in ("humaneval", "mbpp")
-    ]  # fmt: skip
+    rows, seen = [], set()
+    for module, fname, sig, summary in found[: args.max]:
+        verb = summary.split()[0].lower() not in ("a", "an", "the", "this", "if")
+        for shape in ("humaneval", "mbpp") if verb else ("humaneval",):
+            prompt = _prompt(shape, fname, sig, summary)
+            if prompt not in seen:
+                seen.add(prompt)
+                rows.append(
+                    {"id": f"code-train/{shape}/{module}.{fname}", "prompt": prompt}
+                )
     with gzip.GzipFile(OUT, "wb", mtime=0) as f:
         f.write("".join(json.dumps(r) + "\n" for r in rows).encode())
     print(f"{len(rows)} prompts from {len(found)} stdlib functions -> {OUT}")

@@ -138,6 +138,6 @@ def test_code_train_prompts_are_not_the_benchmarks():
     from dflash_mlx.train.data import load_prompts
 
     prompts = {p.messages[0]["content"] for p in load_prompts("bundled:code-train")}
-    assert len(prompts) == 1466
+    assert len(prompts) == len(load_prompts("bundled:code-train")) > 1000  # distinct
     tests = {s.turns[0] for name in ("humaneval", "mbpp") for s in bundled(name)}
     assert not prompts & tests
