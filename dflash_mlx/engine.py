@@ -273,49 +273,19 @@ def _blocks(
     policy = FixedBlockSize(1) if draft is None else block_size
     if isinstance(policy, int):
         policy = FixedBlockSize(policy)
-    stream = stream or mx.default_stream(mx.default_device())
-    mask_id = draft.args.mask_token_id if draft is not None else 0
-    head = DraftHead.for_drafter(target, draft) if draft is not None else None
-    keep_drafts = getattr(policy, "cut", None) if draft is not None else None
+    run = _Run(target, draft, cache, params, policy, stop_tokens, seeded, top_logprobs)
     budget = max_tokens if max_tokens >= 0 else float("inf")
-    reused = cache.reuse(target, prompt)
+    stream = stream or mx.default_stream(mx.default_device())
     with mx.stream(stream):
-        logits = _prefill(
-            target, draft, cache, list(prompt[reused:]), prefill_step_size
-        )
-        noise = None  # the first token's position: just after the prompt
-        if seeded is not None and not params.greedy:
-            noise = seeded.at(len(cache.tokens), 1, target.vocab_size)
-        sampled = _accept(params, None, None, logits[None], noise)[1][0]
-        rows = None
-        if top_logprobs > 0:
-            rows = _logprob_rows(
-                token_logprobs(logits[None], sampled[None], top_logprobs), 1
-            )
-        first = cast(int, sampled.item())
-    n, last = 1, first
-    done = first in stop_tokens or n >= budget
-    pending = Block([first], 0, 1, first in stop_tokens, reused=reused, logprobs=rows)
-    step = None
+        pending = run.prefill(prompt, prefill_step_size)
+    n, last, step = 1, pending.tokens[0], None
     clock = time.perf_counter()
     try:
         while True:
-            if not done:
+            if not pending.finished and n < budget:
                 with mx.stream(stream):
                     drafted = policy.next(limit=int(min(budget - n, 1 << 30)))
-                    step = _Step(
-                        target,
-                        draft,
-                        head,
-                        cache,
-                        last,
-                        drafted,
-                        params,
-                        mask_id,
-                        keep_drafts,
-                        seeded,
-                        top_logprobs,
-                    )
+                    step = run.launch(last, drafted)
             handed_out = time.perf_counter()
             yield pending
             # the policy times this generation's own work: not the time the consumer
@@ -323,36 +293,75 @@ def _blocks(
             away = time.perf_counter() - handed_out
             if step is None:
                 return
-            accepted, tokens, rows = step.resolve()
-            now = time.perf_counter()
-            policy.observe(
-                step.drafted,
-                accepted,
-                now - clock - away,
-                verified=step.verified,
-                verify_seconds=now - max(step.verify_start, clock) - away,
-            )
-            clock = now
-            stop_at = next(
-                (i + 1 for i, t in enumerate(tokens) if t in stop_tokens), len(tokens)
-            )
-            tokens = tokens[: int(min(stop_at, budget - n))]
-            rows = rows[: len(tokens)] if rows is not None else None
             with mx.stream(stream):
-                if draft is not None:
-                    draft.absorb(step.features[:, : len(tokens)], cache.draft)
-                target.rollback(
-                    cache.target, step.tape or [], step.verified, len(tokens)
-                )
-            cache.tokens.append(last)
-            cache.tokens.extend(tokens[:-1])
-            last, n = tokens[-1], n + len(tokens)
-            finished = tokens[-1] in stop_tokens
-            done = finished or n >= budget
-            from_draft = min(accepted, len(tokens))
-            pending = Block(tokens, from_draft, step.verified, finished, logprobs=rows)
-            step = None
+                clock, pending = run.commit(step, last, budget - n, clock, away)
+            last, n, step = pending.tokens[-1], n + len(pending.tokens), None
     finally:
         if step is not None:  # stopped with a block in flight: undo it entirely
             step.resolve()
             target.rollback(cache.target, step.tape or [], step.verified, 0)
+
+
+class _Run:
+    """One generation's fixed parts, and its three moves: prefill, launch, commit."""
+
+    def __init__(self, target, draft, cache, params, policy, stop_tokens, seeded, top):
+        self.target, self.draft, self.cache, self.params = target, draft, cache, params
+        self.policy, self.stop_tokens, self.seeded, self.top = (
+            policy,
+            stop_tokens,
+            seeded,
+            top,
+        )
+        self.mask_id = draft.args.mask_token_id if draft is not None else 0
+        self.head = DraftHead.for_drafter(target, draft) if draft is not None else None
+        self.keep_drafts = getattr(policy, "cut", None) if draft is not None else None
+
+    def prefill(self, prompt: Sequence[int], step: int) -> Block:
+        """Feed the prompt (after the cached prefix); the first token as a Block."""
+        target, cache = self.target, self.cache
+        reused = cache.reuse(target, prompt)
+        logits = _prefill(target, self.draft, cache, list(prompt[reused:]), step)
+        noise = None  # the first token's position: just after the prompt
+        if self.seeded is not None and not self.params.greedy:
+            noise = self.seeded.at(len(cache.tokens), 1, target.vocab_size)
+        sampled = _accept(self.params, None, None, logits[None], noise)[1][0]
+        rows = None
+        if self.top > 0:
+            rows = _logprob_rows(
+                token_logprobs(logits[None], sampled[None], self.top), 1
+            )
+        first = cast(int, sampled.item())
+        finished = first in self.stop_tokens
+        return Block([first], 0, 1, finished, reused=reused, logprobs=rows)
+
+    def launch(self, last: int, drafted: int) -> _Step:
+        return _Step(
+            self.target, self.draft, self.head, self.cache, last, drafted, self.params,
+            self.mask_id, self.keep_drafts, self.seeded, self.top,
+        )  # fmt: skip
+
+    def commit(self, step: _Step, last: int, room, clock: float, away: float):
+        """Sync `step`, tell the policy, keep what it committed: (now, its Block)."""
+        accepted, tokens, rows = step.resolve()
+        now = time.perf_counter()
+        self.policy.observe(
+            step.drafted,
+            accepted,
+            now - clock - away,
+            verified=step.verified,
+            verify_seconds=now - max(step.verify_start, clock) - away,
+        )
+        stops = (i + 1 for i, t in enumerate(tokens) if t in self.stop_tokens)
+        stop_at = next(stops, len(tokens))
+        tokens = tokens[: int(min(stop_at, room))]
+        rows = rows[: len(tokens)] if rows is not None else None
+        cache = self.cache
+        if self.draft is not None:
+            self.draft.absorb(step.features[:, : len(tokens)], cache.draft)
+        self.target.rollback(cache.target, step.tape or [], step.verified, len(tokens))
+        cache.tokens.append(last)
+        cache.tokens.extend(tokens[:-1])
+        finished = tokens[-1] in self.stop_tokens
+        from_draft = min(accepted, len(tokens))
+        return now, Block(tokens, from_draft, step.verified, finished, logprobs=rows)
