@@ -123,21 +123,9 @@ def stream_generate(
     validate.max_tokens(max_tokens)
     params = SamplingParams(temperature, top_p, top_k, min_p)
     policy = _block_policy(block_size, draft)
-    if draft is not None:
-        from .loading import check_compatible
-
-        check_compatible(model, draft)
-    target = as_target(model, draft)
-    tokenizer = wrap_tokenizer(tokenizer)
-    ids = encode_prompt(tokenizer, prompt)
-    if not ids:
-        raise ValueError(_EMPTY_TEXT if prompt else _EMPTY_IDS)
-    if prompt_cache is None:
-        prompt_cache = PromptCache(target, draft)
-    elif not prompt_cache.fits(target, draft):
-        raise ValueError(
-            "This prompt_cache belongs to another model/drafter pair: make a new one."
-        )
+    target, tokenizer, ids, prompt_cache = _inputs(
+        model, draft, tokenizer, prompt, prompt_cache
+    )
     detokenizer = tokenizer.detokenizer
     stop = frozenset(tokenizer.eos_token_ids)
 
@@ -161,6 +149,26 @@ def stream_generate(
             yield from _responses(blocks, ids, max_tokens, detokenizer, tic)
         finally:
             blocks.close()  # roll back a block still in flight, now rather than at GC
+
+
+def _inputs(model, draft, tokenizer, prompt, prompt_cache):
+    """(Target, wrapped tokenizer, prompt ids, prompt cache), checked."""
+    if draft is not None:
+        from .loading import check_compatible
+
+        check_compatible(model, draft)
+    target = as_target(model, draft)
+    tokenizer = wrap_tokenizer(tokenizer)
+    ids = encode_prompt(tokenizer, prompt)
+    if not ids:
+        raise ValueError(_EMPTY_TEXT if prompt else _EMPTY_IDS)
+    if prompt_cache is None:
+        prompt_cache = PromptCache(target, draft)
+    elif not prompt_cache.fits(target, draft):
+        raise ValueError(
+            "This prompt_cache belongs to another model/drafter pair: make a new one."
+        )
+    return target, tokenizer, ids, prompt_cache
 
 
 def _token_texts(block: Block, detokenizer, last: bool) -> list[str]:
