@@ -112,6 +112,12 @@ def train(
         help="A folder of responses kept across runs: take the ones it has, generate "
         "the rest, write them all back (e.g. corpus/smollm2-135m-instruct).",
     ),
+    generate: bool = typer.Option(
+        True,
+        "--generate/--no-generate",
+        help="--no-generate: train only on the responses --corpus (or the run) "
+        "already holds for the prompts.",
+    ),
     force: bool = typer.Option(
         False,
         "--force",
@@ -161,6 +167,7 @@ def train(
             draft_vocab=draft_vocab,
             init_from=init_from,
             corpus=corpus,
+            generate=generate,
             train=config,
             force=force,
         )

@@ -62,3 +62,23 @@ def test_a_corpus_made_otherwise_is_refused(target, tmp_path):
     write_corpus(tmp_path / "c", corpus_meta("m.gguf", 0.0, 4), run)
     with pytest.raises(ValueError, match="made with other settings.*--corpus"):
         seed_cache(tmp_path / "c", corpus_meta("m.gguf", 0.7, 4), [], tok, run)
+
+
+def test_no_generate_trains_on_the_stored_responses_only(target, tmp_path):
+    from dflash_mlx.train.pipeline import TrainOptions, _responses
+
+    model, tok = target
+    run1 = tmp_path / "run1" / "responses.jsonl"
+    list(regenerate(model, tok, _prompts(2), run1, max_tokens=8))
+    opts = TrainOptions(target="m.gguf", out=tmp_path / "out", max_new_tokens=8,
+                        corpus=tmp_path / "c", generate=False)  # fmt: skip
+    write_corpus(opts.corpus, corpus_meta("m.gguf", 0.0, 8), run1)
+    gen = _responses(opts, model, tok, _prompts(5), tmp_path / "out" / "data")
+    progress = []
+    try:
+        while True:
+            progress.append(next(gen))
+    except StopIteration as stop:
+        kept = stop.value
+    assert [p.id for p in kept] == ["p/0", "p/1"]
+    assert progress[-1].done == progress[-1].total == 2 and progress[-1].new_tokens == 0

@@ -61,6 +61,7 @@ class TrainOptions:
     draft_vocab: int = 0  # 0: the whole target vocabulary; N: the N most used tokens
     init_from: Path | None = None  # start from these drafter weights (not a resume)
     corpus: Path | None = None  # responses kept across runs (see corpus.py)
+    generate: bool = True  # False: train only on responses already stored
     train: TrainConfig = field(default_factory=TrainConfig)
     force: bool = False  # write into an --out folder that holds another model
 
@@ -123,6 +124,40 @@ def check(opts: TrainOptions) -> tuple[list, list]:
     return _prompt_sets(opts)
 
 
+def _responses(opts: TrainOptions, model, tokenizer, prompts: list, data: Path):
+    """The data stage: responses from the corpus, then the target for the rest (unless
+    `generate` is off); the corpus gets every new one. Returns the prompts to train
+    on."""
+    cache = data / "responses.jsonl"
+    meta = corpus.corpus_meta(opts.target, opts.temperature, opts.max_new_tokens)
+    if opts.corpus is not None:  # responses earlier runs already made
+        corpus.seed_cache(opts.corpus, meta, prompts, tokenizer, cache)
+    if not opts.generate:
+        have = {s.id for s in read_samples(cache)}
+        prompts = [p for p in prompts if p.id in have]
+        if not prompts:
+            raise ValueError(
+                "--no-generate found no stored response for these prompts: pass the "
+                "--corpus that holds them, or let the target generate them."
+            )
+    try:
+        yield from regenerate(
+            model,
+            tokenizer,
+            prompts,
+            cache,
+            opts.max_new_tokens,
+            opts.max_len,
+            opts.gen_batch_size,
+            opts.temperature,
+            opts.train.seed,
+        )
+    finally:  # also after Ctrl-C: what was generated joins the corpus
+        if opts.corpus is not None and opts.generate:
+            corpus.write_corpus(opts.corpus, meta, cache)
+    return prompts
+
+
 def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
     """Yield Stage, DataProgress, FeatureProgress, Step/Val/SaveEvent, then Finished."""
     from ..target import Target
@@ -156,26 +191,7 @@ def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
             "max_new_tokens": opts.max_new_tokens,
         },
     )
-    corpus_meta = corpus.corpus_meta(opts.target, opts.temperature, opts.max_new_tokens)
-    if opts.corpus is not None:  # responses earlier runs already made
-        corpus.seed_cache(
-            opts.corpus, corpus_meta, train_prompts, tokenizer, data / "responses.jsonl"
-        )
-    try:
-        yield from regenerate(
-            model,
-            tokenizer,
-            train_prompts,
-            data / "responses.jsonl",
-            opts.max_new_tokens,
-            opts.max_len,
-            opts.gen_batch_size,
-            opts.temperature,
-            opts.train.seed,
-        )
-    finally:  # also after Ctrl-C: what was generated joins the corpus
-        if opts.corpus is not None:
-            corpus.write_corpus(opts.corpus, corpus_meta, data / "responses.jsonl")
+    train_prompts = yield from _responses(opts, model, tokenizer, train_prompts, data)
     keep = {p.id for p in train_prompts}
     samples = samples_for_training(
         _truncate(read_samples(data / "responses.jsonl"), opts.max_len), keep
