@@ -5,6 +5,7 @@ skips cached responses and features and continues from the newest checkpoint.
 Layout of the output folder:
 
     OUT/config.json, model.safetensors, README.md   the drafter (z-lab format)
+    OUT/draft_vocab.json, acceptance.json           its extras (other runtimes ignore)
     OUT/data/responses.jsonl, meta.json             regenerated responses (token ids)
     OUT/features/layers-…/shard-*.safetensors       cached target features (if cached)
     OUT/checkpoints/step-*/                         weights + optimizer + counters
@@ -199,7 +200,7 @@ def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
         f"{opts.draft_layers} layers, block {opts.block_size}, "
         f"target layers {args.target_layer_ids}",
     )
-    if start >= trainer.total and not trainer.history.val:
+    if start >= trainer.total:  # finished before: measure what the export ships
         ev = trainer.validate()
         if ev is not None:
             yield ev
@@ -218,5 +219,5 @@ def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
         "train_time": f"{trainer.history.train_seconds / 60:.1f} min of training",
     }
     yield Stage("export", str(out))
-    export_drafter(draft, out, card, dtype=target.dtype)
+    export_drafter(draft, out, card, dtype=target.dtype, acceptance=trainer.acceptance)
     yield Finished(out, trainer.step, tau, len(samples), trainer.history.train_seconds)
