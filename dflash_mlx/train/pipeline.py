@@ -82,14 +82,20 @@ class Finished:
     train_seconds: float
 
 
-def _prompt_sets(opts: TrainOptions):
-    prompts = [p for spec in opts.prompts for p in load_prompts(spec)]
+def prompt_sets(specs: list, val_prompts: int, seed: int = 0) -> tuple[list, list]:
+    """(training, held-out) prompts of `specs`, shuffled by `seed`: the split `train`
+    makes, so the held-out ones can be measured again later (never trained on)."""
+    prompts = [p for spec in specs for p in load_prompts(spec)]
     if not prompts:
         raise ValueError(
             "The prompt sets are empty: pass --prompts with at least one prompt."
         )
-    order = np.random.default_rng(opts.train.seed).permutation(len(prompts))
-    train, val = split_prompts([prompts[i] for i in order], opts.val_prompts)
+    order = np.random.default_rng(seed).permutation(len(prompts))
+    return split_prompts([prompts[i] for i in order], val_prompts)
+
+
+def _prompt_sets(opts: TrainOptions):
+    train, val = prompt_sets(opts.prompts, opts.val_prompts, opts.train.seed)
     if opts.max_prompts > 0:
         train = train[: opts.max_prompts]
     return train, val
