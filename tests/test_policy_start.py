@@ -98,8 +98,8 @@ def start():
 def test_auto_costs_under_3_percent_where_the_drafter_cannot_help():
     # the worst first answer: a code prompt, with the drafter's prior from gsm8k
     assert overhead(start, "code", 128, seeds=40) < 0.03
-    # a drafter without a prior (z-lab's) explores a little more
-    assert overhead(calibrated, "code", 128, seeds=40) < 0.04
+    # a drafter without a prior (z-lab's) starts optimistic, and learns as fast
+    assert overhead(calibrated, "code", 128, seeds=40) < 0.03
     # in the long run the explorations, backing off, cost almost nothing
     assert overhead(start, "code", 3000, seeds=4) < 0.01
     # drafting at any fixed size here loses 15-20%: the policy must decline it
