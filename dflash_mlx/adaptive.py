@@ -160,7 +160,7 @@ class AdaptiveBlockSize:
             if k < n_accepted:
                 self.accepted[k] += 1
         if self._confidence is not None and len(self._confidence) == size - 1:
-            self._count_cut(size, verified, n_accepted)
+            self._count_cut(self._confidence, size, verified, n_accepted)
         self._confidence = None
         self.seconds[size] = self._smooth(self.seconds.get(size), seconds)
         if verify_seconds is not None:
@@ -174,13 +174,13 @@ class AdaptiveBlockSize:
             if self._explore_left <= 0:
                 self._after_exploring(size)
 
-    def _count_cut(self, size: int, verified: int, n_accepted: int):
+    def _count_cut(self, confidence: list, size: int, verified: int, n_accepted: int):
         """What the cut did to this block, from the confidences it saw: the share of
         expected extra tokens it kept, and the drafts it dropped counted at the
         drafter's confidence (expected counts; else a weak drafter's dropped drafts
         would leave its acceptance at the prior forever)."""
         reach, expected = 1.0, [0.0]
-        for c in self._confidence or []:
+        for c in confidence:
             reach *= c
             expected.append(expected[-1] + reach)
         first = expected[-1]  # one pseudo-block like this one that kept all
@@ -194,8 +194,8 @@ class AdaptiveBlockSize:
         reach = 1.0
         for k in range(verified - 1, size - 1):
             self.offered[k] += reach
-            self.accepted[k] += reach * self._confidence[k]
-            reach *= self._confidence[k]
+            self.accepted[k] += reach * confidence[k]
+            reach *= confidence[k]
 
     def _smooth(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.smoothing * (new - old)

@@ -8,6 +8,8 @@ The first run of a shape pays for compiling MLX's kernels, so the last run count
 timings are kept: the acceptance of a throwaway prompt says nothing about the user's.
 """
 
+from typing import Any, cast
+
 from .adaptive import AdaptiveBlockSize
 
 # a prompt the target continues for a while: few early stop tokens
@@ -63,7 +65,7 @@ def calibrate(
             draft,
             tokenizer,
             ids,
-            block_size=schedule,
+            block_size=cast(Any, schedule),  # a policy object, as the API allows
             max_tokens=1 + sum(order),
         ):
             pass

@@ -116,7 +116,9 @@ def init_weights(model: Model, path: Path):
 
 
 def save_weights(model: Model, file: Path, dtype=None, exclude: tuple = ()):
-    weights = {k: v for k, v in tree_flatten(model.parameters()) if k not in exclude}
+    weights = dict(tree_flatten(model.parameters()))
+    for name in exclude:
+        weights.pop(name, None)
     if dtype is not None:
         weights = {
             k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
