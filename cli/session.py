@@ -29,7 +29,7 @@ def open_session(
         drafter = None
         if draft:
             drafter = load_draft(draft, target=target, distributed=distributed)
-        _warm_up(target, tokenizer, drafter)
+        policy = _warm_up(target, tokenizer, drafter)
     session = ChatSession(
         target,
         tokenizer,
@@ -39,6 +39,7 @@ def open_session(
         settings=settings,
         raw=raw,
         names={"model": model, "draft": draft},
+        policy=policy,
     )
     note = _join(note, _cap_block_size(settings, drafter))
     if thinking is not None and not raw and not session.thinking_supported:
@@ -65,12 +66,13 @@ def _join(*notes) -> str | None:
 def _warm_up(target, tokenizer, drafter):
     """A short throwaway generation, so MLX compiles its kernels (on a CPU once per
     machine, ~6 s for the demo pair) behind the loading spinner, not in the first
-    answer."""
+    answer. With a drafter it times every block size too: the session's adaptive
+    policy, which then starts calibrated (see dflash_mlx/calibrate.py)."""
     from dflash_mlx import stream_generate
+    from dflash_mlx.calibrate import calibrate
 
-    block = drafter.args.block_size if drafter is not None else 1
-    # the prefill, then one full block: every kernel shape of a verify
-    for _ in stream_generate(
-        target, drafter, tokenizer, "Hello", max_tokens=1 + block, block_size=block
-    ):
+    if drafter is not None:
+        return calibrate(target, drafter, tokenizer)
+    for _ in stream_generate(target, None, tokenizer, "Hello", max_tokens=2):
         pass
+    return None

@@ -12,14 +12,38 @@ Within a block it also decides how many drafts to verify (`cut`): verifying T to
 costs v(T), measured per T, and draft k is worth verifying when the tokens it is
 expected to add (the product of the drafter's confidences up to k) pay for its share of
 v at the current rate. Where v grows with T (CPUs) this skips hopeless drafts; where v
-is flat (GPUs running a big target) it keeps them all.
+is flat (GPUs running a big target) it keeps them all. t(B) is measured with the cut,
+so E(B) is taken with it too: only the share of the drafts' expected tokens (from the
+drafter's confidences) that the cut kept at B counts. Drafts it dropped still count in
+alpha, at the drafter's confidence: a cut that hides weak drafts cannot keep a losing
+size alive, nor leave alpha at its prior.
+
+A fresh policy need not explore from scratch: the drafter's shipped per-position
+acceptance (`draft.acceptance_prior`, see acceptance.py) enters as pseudo-counts worth
+`prior_blocks` blocks, which real observations outweigh after as many blocks; and
+`calibrate.py` times each block size and verify size during the load-time warm-up, so
+every size starts timed. Without either, each acceptance starts at one optimistic
+pseudo-observation and each size is tried once. docs/policy.md has the whole picture.
 """
+
+PRIOR_BLOCKS = 16.0  # the shipped acceptance counts as this many observed blocks
+EXPLORE_BLOCKS = 2  # an exploration runs this many blocks: one block says little
 
 
 class AdaptiveBlockSize:
-    """Picks block sizes among the powers of two below `max_size`, and `max_size`."""
+    """Picks block sizes among the powers of two below `max_size`, and `max_size`.
 
-    def __init__(self, max_size: int, explore_every: int = 24, smoothing: float = 0.3):
+    `prior` (an `acceptance.Acceptance`) seeds the per-position acceptance with
+    pseudo-counts worth `prior_blocks` blocks."""
+
+    def __init__(
+        self,
+        max_size: int,
+        explore_every: int = 24,
+        smoothing: float = 0.3,
+        prior=None,
+        prior_blocks: float = PRIOR_BLOCKS,
+    ):
         if max_size < 1:
             raise ValueError(f"max block size must be >= 1, got {max_size}.")
         self.sizes = sorted(
@@ -28,26 +52,36 @@ class AdaptiveBlockSize:
         self.explore_every = explore_every
         self.smoothing = smoothing
         self.accepted = [0.0] * max_size  # accepted[k]: draft k+1 accepted
-        self.offered = [
-            0.0
-        ] * max_size  # offered[k]: draft k+1 verified after k accepted
-        self.seconds: dict[int, float] = {}
+        self.offered = [0.0] * max_size  # offered[k]: draft k+1 verified, k accepted
+        self.prior_accepted, self.prior_offered = _pseudo_counts(
+            prior, max_size, prior_blocks
+        )
+        self.seconds: dict[int, float] = {}  # t(B): wall time of a block of size B
+        self.verify_seconds: dict[int, float] = {}  # v(T): verifying T tokens
         self.blocks = 0
         self._explore_next = 0
-        self._gap = (
-            explore_every  # blocks until the next exploration; doubles while they lose
-        )
+        self._gap = explore_every  # blocks to the next exploration; doubles on a loss
         self._explored: int | None = None
-        self.verify_seconds: dict[
-            int, float
-        ] = {}  # v(T): target time to verify T tokens
+        self._explore_left = 0  # blocks left in the current exploration
         self._tokens: float | None = None  # committed tokens per block, smoothed
         self._block_seconds: float | None = None  # seconds per block, smoothed
+        # per size, the expected extra tokens of the drafts (all; kept by the cut),
+        # from the drafter's confidences, smoothed
+        self._drafted_worth: dict[int, float] = {}
+        self._kept_worth: dict[int, float] = {}
+        self._confidence: list | None = None  # the last cut's, for its observe
+        self._run: set[int] = set()  # sizes this policy has run real blocks at
+
+    @classmethod
+    def for_drafter(cls, draft, **kwargs) -> "AdaptiveBlockSize":
+        """A policy up to `draft`'s block size, starting from its shipped acceptance."""
+        prior = getattr(draft, "acceptance_prior", None)
+        return cls(draft.args.block_size, prior=prior, **kwargs)
 
     def acceptance(self, k: int) -> float:
         """Estimated P(draft k accepted | drafts 1..k-1 accepted), k >= 1."""
-        # one optimistic pseudo-observation so untried positions still get explored
-        return (self.accepted[k - 1] + 1.0) / (self.offered[k - 1] + 1.0)
+        accepted = self.accepted[k - 1] + self.prior_accepted[k - 1]
+        return accepted / (self.offered[k - 1] + self.prior_offered[k - 1])
 
     def expected_tokens(self, size: int) -> float:
         total, run = 1.0, 1.0
@@ -56,10 +90,22 @@ class AdaptiveBlockSize:
             total += run
         return total
 
+    def block_tokens(self, size: int) -> float:
+        """Tokens a block of `size` commits as this policy runs it, its cut included:
+        1 + (E(size) - 1) x the share of the expected extra tokens the cut keeps there
+        (from the drafter's confidences, so t(B), measured with the cut, and the tokens
+        it buys stay consistent)."""
+        return 1.0 + (self.expected_tokens(size) - 1.0) * self.kept_share(size)
+
+    def kept_share(self, size: int) -> float:
+        """The share of its drafts' expected tokens the cut keeps at `size` (1: all)."""
+        drafted = self._drafted_worth.get(size)
+        return self._kept_worth[size] / drafted if drafted else 1.0
+
     def rate(self, size: int) -> float | None:
         """Expected tokens per second at `size`, or None before it has been timed."""
         t = self.seconds.get(size)
-        return None if t is None else self.expected_tokens(size) / t
+        return None if t is None else self.block_tokens(size) / t
 
     def _timed_rate(self, size: int) -> float:
         # only called for sizes already timed, whose rate is known
@@ -68,9 +114,13 @@ class AdaptiveBlockSize:
     def next(self, limit: int | None = None) -> int:
         """The block size to use next (never above `limit`)."""
         sizes = [s for s in self.sizes if limit is None or s <= limit] or [1]
-        untried = [s for s in sizes if s not in self.seconds]
+        # each size once, largest first: calibrated timings say what a block costs
+        # uncut, not what this drafter's cut makes of it here
+        untried = [s for s in sizes if s not in self._run]
         if untried:
             return untried[-1]
+        if self._explored in sizes and self._explore_left > 0:
+            return self._explored
         best = max(sizes, key=self._timed_rate)
         if self._gap and self.blocks >= self._gap:
             # re-time another size now and then: speed and acceptance drift with context
@@ -78,6 +128,7 @@ class AdaptiveBlockSize:
             explored = sizes[self._explore_next]
             if explored != best:
                 self._explored, self.blocks = explored, 0
+                self._explore_left = EXPLORE_BLOCKS
                 return explored
         return best
 
@@ -94,15 +145,23 @@ class AdaptiveBlockSize:
         seconds: float,
         verified: int | None = None,
         verify_seconds: float | None = None,
+        confidence: list | None = None,
     ):
         """Record a block: size drafted, drafts accepted, wall time, and (when the block
-        was cut) how many tokens the target verified and how long that took."""
+        was cut) how many tokens the target verified, how long that took, and the
+        drafter's confidences (default: those the last `cut` saw)."""
         verified = size if verified is None else verified
+        if confidence is not None:
+            self._confidence = list(confidence)
         self.blocks += 1
+        self._run.add(size)
         for k in range(min(n_accepted + 1, verified - 1)):
             self.offered[k] += 1
             if k < n_accepted:
                 self.accepted[k] += 1
+        if self._confidence is not None and len(self._confidence) == size - 1:
+            self._count_cut(self._confidence, size, verified, n_accepted)
+        self._confidence = None
         self.seconds[size] = self._smooth(self.seconds.get(size), seconds)
         if verify_seconds is not None:
             self.verify_seconds[verified] = self._smooth(
@@ -111,7 +170,32 @@ class AdaptiveBlockSize:
         self._tokens = self._smooth(self._tokens, n_accepted + 1)
         self._block_seconds = self._smooth(self._block_seconds, seconds)
         if size == self._explored:
-            self._after_exploring(size)
+            self._explore_left -= 1
+            if self._explore_left <= 0:
+                self._after_exploring(size)
+
+    def _count_cut(self, confidence: list, size: int, verified: int, n_accepted: int):
+        """What the cut did to this block, from the confidences it saw: the share of
+        expected extra tokens it kept, and the drafts it dropped counted at the
+        drafter's confidence (expected counts; else a weak drafter's dropped drafts
+        would leave its acceptance at the prior forever)."""
+        reach, expected = 1.0, [0.0]
+        for c in confidence:
+            reach *= c
+            expected.append(expected[-1] + reach)
+        first = expected[-1]  # one pseudo-block like this one that kept all
+        for worth, value in (
+            (self._drafted_worth, expected[-1]),
+            (self._kept_worth, expected[verified - 1]),
+        ):  # sums, not a mean of ratios: a block with more at stake weighs more
+            worth[size] = self._smooth(worth.get(size, first), value)
+        if n_accepted < verified - 1:
+            return  # a draft was rejected: nothing past it would have counted
+        reach = 1.0
+        for k in range(verified - 1, size - 1):
+            self.offered[k] += reach
+            self.accepted[k] += reach * confidence[k]
+            reach *= confidence[k]
 
     def _smooth(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.smoothing * (new - old)
@@ -120,7 +204,9 @@ class AdaptiveBlockSize:
     def tokens_rate(self) -> float | None:
         """Recent committed tokens per second (the rate a cut must beat)."""
         if self._tokens is None or not self._block_seconds:
-            return None
+            # nothing observed yet: the best rate the timings (calibrated) promise
+            rates = [r for r in map(self.rate, self.sizes) if r is not None]
+            return max(rates, default=None)
         return self._tokens / self._block_seconds
 
     def verify_cost(self, tokens: int) -> float | None:
@@ -141,6 +227,7 @@ class AdaptiveBlockSize:
         drafts are likely enough to be accepted. Until v and the rate are measured, all.
         """
         n = len(confidence)
+        self._confidence = list(confidence)
         measured = [self.verify_cost(t) for t in range(1, n + 2)]
         costs = [c for c in measured if c is not None]
         rate = self.tokens_rate
@@ -155,6 +242,22 @@ class AdaptiveBlockSize:
             if value > best:
                 best_k, best = k, value
         return best_k
+
+
+def _pseudo_counts(prior, max_size: int, weight: float):
+    """(accepted, offered) pseudo-counts per position: the prior's counts scaled so its
+    first position weighs `weight` blocks; one optimistic accepted observation where the
+    prior has none (no prior, or a position it never reached)."""
+    accepted, offered = [1.0] * max_size, [1.0] * max_size
+    if prior is None or not prior.offered or not prior.offered[0]:
+        return accepted, offered
+    scale = weight / prior.offered[0]
+    n = min(max_size, len(prior.offered))
+    for k in range(n):
+        if prior.offered[k]:
+            accepted[k] = prior.accepted[k] * scale
+            offered[k] = prior.offered[k] * scale
+    return accepted, offered
 
 
 class FixedBlockSize:

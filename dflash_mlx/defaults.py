@@ -55,9 +55,9 @@ def default_draft(
     packed = sorted(folder.glob("*.safetensors.gz"))
     if not packed:
         return str(folder) if any(folder.glob("*.safetensors")) else None
-    digest = hashlib.sha256()
-    for f in [folder / "config.json", *packed]:
-        digest.update(f.read_bytes())
+    digest = hashlib.sha256()  # every file: a new side file means a new unpacked copy
+    for f in sorted(p for p in folder.iterdir() if p.is_file()):
+        digest.update(f.name.encode() + b"\0" + f.read_bytes())
     out = (cache or cache_dir()) / f"{DRAFT_NAME}-{digest.hexdigest()[:12]}"
     if not (out / "config.json").is_file():
         _unpack(folder, packed, out)

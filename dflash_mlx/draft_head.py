@@ -8,11 +8,17 @@ with a 4K draft vocabulary the drafter's head costs 12× less at inference and i
 training.
 Output stays lossless: a token outside the draft vocabulary is never proposed (its draft
 probability is 0), which the verifier's greedy and rejection rules already handle.
+
+The ids ship beside the weights in `draft_vocab.json`, not inside `model.safetensors`:
+other runtimes (the reference `dflash`) load every tensor of a drafter's safetensors
+strictly, and ignore the extra JSON file (they then score the whole vocabulary).
 """
 
+import json
 from collections import Counter
 from collections.abc import Iterable
 from functools import cached_property
+from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
@@ -105,3 +111,39 @@ def select_draft_vocab(responses: Iterable, prompts: Iterable, size: int) -> lis
             : size - len(chosen)
         ]
     return sorted(chosen)
+
+
+DRAFT_VOCAB_FILE = "draft_vocab.json"
+
+
+def write_draft_vocab(folder: Path, ids: Iterable[int]) -> Path:
+    """Write the draft vocabulary beside a drafter's weights (atomically)."""
+    from .files import write_text
+
+    ids = [int(i) for i in ids]
+    return write_text(Path(folder) / DRAFT_VOCAB_FILE, json.dumps({"token_ids": ids}))
+
+
+def read_draft_vocab(folder: Path, size: int, what: str) -> mx.array:
+    """The `size` ids of `folder`'s draft_vocab.json, or a ValueError saying what is
+    wrong with it."""
+    file = Path(folder) / DRAFT_VOCAB_FILE
+    fix = (
+        f"its config says draft_vocab_size {size}: copy {DRAFT_VOCAB_FILE} from where "
+        "the drafter was trained, or download the drafter again"
+    )
+    if not file.is_file():
+        raise ValueError(f"{what} has no {DRAFT_VOCAB_FILE} ({fix}).")
+    try:
+        ids = json.loads(file.read_text())["token_ids"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{what}: '{file}' cannot be read ({e}); {fix}.") from e
+    if (
+        not isinstance(ids, list)
+        or len(ids) != size
+        or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids)
+    ):
+        raise ValueError(
+            f"{what}: '{file}' must list {size} token ids under \"token_ids\"; {fix}."
+        )
+    return mx.array(ids, dtype=mx.int32)

@@ -49,7 +49,9 @@ def _block_policy(block_size, draft):
     if block_size is None:
         return FixedBlockSize(largest)
     if block_size == "auto":
-        return AdaptiveBlockSize(largest)
+        if draft is None:
+            return AdaptiveBlockSize(1)
+        return AdaptiveBlockSize.for_drafter(draft)
     if hasattr(block_size, "next") and hasattr(block_size, "observe"):
         return block_size  # a policy: AdaptiveBlockSize, FixedBlockSize or your own
     size, note = validate.block_size(block_size, largest if draft else None)

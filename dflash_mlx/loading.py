@@ -8,6 +8,7 @@ import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from . import draft as draft_module
+from .acceptance import read_acceptance
 from .hub import resolve_path
 from .kernels import for_device
 from .target import SUPPORTED_MODEL_TYPES, Target
@@ -238,6 +239,12 @@ def _new_drafter(args: draft_module.ModelArgs, what: str) -> draft_module.Model:
 def _load_drafter_weights(model: draft_module.Model, path: Path, what: str):
     weights = model.sanitize(_read_weights(path, what))
     expected = set(dict(tree_flatten(model.parameters())))
+    if "draft_vocab" in expected and "draft_vocab" not in weights:
+        # exports keep it in a side file; older ones hold it as a tensor
+        from .draft_head import read_draft_vocab
+
+        size = model.args.draft_vocab_size
+        weights["draft_vocab"] = read_draft_vocab(path, size, what)
     missing, extra = sorted(expected - set(weights)), sorted(set(weights) - expected)
     if missing or extra:
         raise ValueError(
@@ -338,6 +345,8 @@ def load_draft(
     mx.eval(model.parameters())
     model.name_or_path = str(path_or_repo)
     model.context_window = sliding_window_size
+    # what "auto" starts from (acceptance.py); None for drafters trained elsewhere
+    model.acceptance_prior = read_acceptance(path, what)
     if target is not None:
         check_compatible(target, model)
     return model

@@ -9,6 +9,7 @@ from mlx.utils import tree_flatten
 from typer.testing import CliRunner
 
 from dflash_mlx import Target, load, load_draft
+from dflash_mlx.loading import read_safetensors
 from dflash_mlx.train.blocks import make_blocks
 from dflash_mlx.train.data import Prompt, read_samples, regenerate, samples_for_training
 from dflash_mlx.train.export import export_drafter, new_drafter, new_drafter_args
@@ -204,10 +205,16 @@ def test_cli_trains_a_drafter_that_accepts_on_its_data(tiny_pair, tmp_path):
     n = min(len(s.response) for s in samples)
     tau = measure_tau(model, draft, tok, [s.prompt for s in samples], 8, max_tokens=n)
     assert tau > 2.0, tau
+    # the last validation's acceptance by position ships beside it: auto's prior
+    prior = draft.acceptance_prior
+    assert prior.block_size == 8 and prior.prompts == 2 and prior.offered[0] > 0
+    assert f"{prior.tau:.2f}" in (out / "README.md").read_text()
     # rerunning resumes: nothing to generate, no step to take, the same drafter
+    (out / "acceptance.json").unlink()
     again = CliRunner().invoke(app, args)
     assert again.exit_code == 0, again.output
     assert "steps 300→300" in again.output
+    assert load_draft(str(out)).acceptance_prior == prior  # measured again, the same
 
 
 def test_cli_draft_vocab_and_init_from(tiny_pair, tmp_path):
@@ -267,6 +274,8 @@ def test_cli_draft_vocab_and_init_from(tiny_pair, tmp_path):
         load_draft(str(second), target=model),
     )
     assert draft.args.block_size == 4 and draft.args.draft_vocab_size == 12
+    assert "draft_vocab" not in read_safetensors(second / "model.safetensors")
+    assert not (first / "draft_vocab.json").exists()
     assert mx.allclose(
         draft.fc.weight, donor.fc.weight, atol=1e-6
     ).item()  # started from it

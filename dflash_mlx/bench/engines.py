@@ -33,7 +33,7 @@ def dflash_engine(
     from ..target import Target
 
     target = Target(model, draft.args.target_layer_ids)
-    auto = AdaptiveBlockSize(draft.args.block_size)  # learns across prompts, as a chat
+    auto = AdaptiveBlockSize.for_drafter(draft)  # learns across prompts, as a chat
 
     def run(ids, max_tokens, block_size):
         policy = auto if block_size == "auto" else block_size

@@ -55,6 +55,7 @@ class ChatSession:
         reuse_cache: bool = True,
         raw: bool = False,
         names: dict | None = None,
+        policy: AdaptiveBlockSize | None = None,
     ):
         self.model, self.draft = model, draft
         self.tokenizer = wrap_tokenizer(tokenizer)
@@ -68,7 +69,8 @@ class ChatSession:
         self.turns: list[TurnStats] = []
         self.cache = make_prompt_cache(model, draft)
         self._last: conversation.Exchange | None = None  # the last prompt + answer
-        self._adaptive: AdaptiveBlockSize | None = None
+        # "auto"'s policy, e.g. calibrated by the CLI's warm-up (calibrate.py)
+        self._adaptive: AdaptiveBlockSize | None = policy
 
     # -- prompts ----------------------------------------------------------------------
     @property
@@ -120,7 +122,7 @@ class ChatSession:
         if self.block_size != "auto":
             return self.block_size
         if self._adaptive is None:
-            self._adaptive = AdaptiveBlockSize(self.draft.args.block_size)
+            self._adaptive = AdaptiveBlockSize.for_drafter(self.draft)
         return self._adaptive
 
     @property

@@ -56,7 +56,7 @@ def build_state(
         config.block_size if draft is not None else 1
     )
     if block_size == "auto":  # one policy for all requests: what it learns carries over
-        block_size = AdaptiveBlockSize(draft.args.block_size)
+        block_size = AdaptiveBlockSize.for_drafter(draft)
     pool = PromptPool(
         lambda: make_prompt_cache(target, draft), config.prompt_cache_bytes
     )

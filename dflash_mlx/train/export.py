@@ -8,7 +8,9 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from .. import files
+from ..acceptance import ACCEPTANCE_FILE, write_acceptance
 from ..draft import Model, ModelArgs, default_target_layer_ids
+from ..draft_head import DRAFT_VOCAB_FILE, write_draft_vocab
 from ..loading import read_safetensors
 
 DEFAULT_DRAFT_LAYERS = 3
@@ -113,8 +115,10 @@ def init_weights(model: Model, path: Path):
     mx.eval(model.parameters())
 
 
-def save_weights(model: Model, file: Path, dtype=None):
+def save_weights(model: Model, file: Path, dtype=None, exclude: tuple = ()):
     weights = dict(tree_flatten(model.parameters()))
+    for name in exclude:
+        weights.pop(name, None)
     if dtype is not None:
         weights = {
             k: v.astype(dtype) if mx.issubdtype(v.dtype, mx.floating) else v
@@ -125,8 +129,13 @@ def save_weights(model: Model, file: Path, dtype=None):
     os.replace(tmp, file)
 
 
-def export_drafter(model: Model, out: Path, card: dict, dtype=None) -> Path:
-    """Write config.json, model.safetensors and a README.md model card to `out`."""
+def export_drafter(
+    model: Model, out: Path, card: dict, dtype=None, acceptance=None
+) -> Path:
+    """Write config.json, model.safetensors and a README.md model card to `out`, and
+    beside them what other runtimes ignore: the draft vocabulary (draft_vocab.json,
+    kept out of the safetensors, which they load strictly) and the measured
+    per-position acceptance (acceptance.json, the adaptive policy's prior)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     config = model.args.to_config()
@@ -134,7 +143,14 @@ def export_drafter(model: Model, out: Path, card: dict, dtype=None) -> Path:
         config["torch_dtype"] = {mx.float16: "float16", mx.bfloat16: "bfloat16"}.get(
             dtype, "float32"
         )
-    save_weights(model, out / "model.safetensors", dtype)
+    save_weights(model, out / "model.safetensors", dtype, exclude=("draft_vocab",))
+    vocab = getattr(model, "draft_vocab", None)
+    (out / DRAFT_VOCAB_FILE).unlink(missing_ok=True)  # another run's, if any
+    if vocab is not None:
+        write_draft_vocab(out, vocab.tolist())
+    (out / ACCEPTANCE_FILE).unlink(missing_ok=True)
+    if acceptance is not None:
+        write_acceptance(out, acceptance)
     files.write_text(out / "config.json", json.dumps(config, indent=2))
     files.write_text(out / "README.md", model_card(model.args, card))
     return out

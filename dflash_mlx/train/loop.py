@@ -20,6 +20,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
+from ..acceptance import Acceptance, measure_acceptance
 from ..draft_head import DraftHead
 from ..loading import read_safetensors
 from .blocks import make_blocks, sample_anchors
@@ -101,22 +102,9 @@ def measure_tau(
     max_tokens: int = 128,
 ) -> float:
     """Mean acceptance length (tokens per verify step), greedy, the real engine."""
-    from ..generate import stream_generate
-
-    committed = steps = 0
-    for ids in prompts:
-        for r in stream_generate(
-            target,
-            draft,
-            tokenizer,
-            list(ids),
-            block_size=block_size,
-            max_tokens=max_tokens,
-        ):
-            if r.accepted is not None:
-                committed += r.accepted
-                steps += 1
-    return committed / steps if steps else 0.0
+    return measure_acceptance(
+        target, draft, tokenizer, prompts, block_size, max_tokens
+    ).tau
 
 
 @dataclass
@@ -153,6 +141,8 @@ class Trainer:
             weight_decay=config.weight_decay,
         )
         self.history = _History()
+        # the last validation's per-position counts: exported as the policy's prior
+        self.acceptance: Acceptance | None = None
         # a drafter from load_draft is in eval mode (cpu_ops, no gradients)
         draft.train()
         self.optimizer.init(draft.trainable_parameters())
@@ -261,14 +251,16 @@ class Trainer:
     def validate(self) -> ValEvent | None:
         if not self.val_prompts:
             return None
-        tau = measure_tau(
+        self.acceptance = measure_acceptance(
             self.target,
             self.draft,
             self.tokenizer,
             self.val_prompts,
             self.draft.args.block_size,
             self.config.val_max_tokens,
+            source=f"{len(self.val_prompts)} held-out training prompts, greedy",
         )
+        tau = self.acceptance.tau
         self.history.val.append((self.step, tau))
         return ValEvent(self.step, tau, len(self.val_prompts))
 

@@ -5,6 +5,7 @@ skips cached responses and features and continues from the newest checkpoint.
 Layout of the output folder:
 
     OUT/config.json, model.safetensors, README.md   the drafter (z-lab format)
+    OUT/draft_vocab.json, acceptance.json           its extras (other runtimes ignore)
     OUT/data/responses.jsonl, meta.json             regenerated responses (token ids)
     OUT/features/layers-…/shard-*.safetensors       cached target features (if cached)
     OUT/checkpoints/step-*/                         weights + optimizer + counters
@@ -84,14 +85,20 @@ class Finished:
     train_seconds: float
 
 
-def _prompt_sets(opts: TrainOptions):
-    prompts = [p for spec in opts.prompts for p in load_prompts(spec)]
+def prompt_sets(specs: list, val_prompts: int, seed: int = 0) -> tuple[list, list]:
+    """(training, held-out) prompts of `specs`, shuffled by `seed`: the split `train`
+    makes, so the held-out ones can be measured again later (never trained on)."""
+    prompts = [p for spec in specs for p in load_prompts(spec)]
     if not prompts:
         raise ValueError(
             "The prompt sets are empty: pass --prompts with at least one prompt."
         )
-    order = np.random.default_rng(opts.train.seed).permutation(len(prompts))
-    train, val = split_prompts([prompts[i] for i in order], opts.val_prompts)
+    order = np.random.default_rng(seed).permutation(len(prompts))
+    return split_prompts([prompts[i] for i in order], val_prompts)
+
+
+def _prompt_sets(opts: TrainOptions):
+    train, val = prompt_sets(opts.prompts, opts.val_prompts, opts.train.seed)
     if opts.max_prompts > 0:
         train = train[: opts.max_prompts]
     return train, val
@@ -226,7 +233,7 @@ def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
         f"{opts.draft_layers} layers, block {opts.block_size}, "
         f"target layers {args.target_layer_ids}",
     )
-    if start >= trainer.total and not trainer.history.val:
+    if start >= trainer.total:  # finished before: measure what the export ships
         ev = trainer.validate()
         if ev is not None:
             yield ev
@@ -245,5 +252,5 @@ def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
         "train_time": f"{trainer.history.train_seconds / 60:.1f} min of training",
     }
     yield Stage("export", str(out))
-    export_drafter(draft, out, card, dtype=target.dtype)
+    export_drafter(draft, out, card, dtype=target.dtype, acceptance=trainer.acceptance)
     yield Finished(out, trainer.step, tau, len(samples), trainer.history.train_seconds)
