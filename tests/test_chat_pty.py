@@ -2,8 +2,8 @@
 
 import json
 import os
+import signal
 import sys
-import time
 
 import pexpect
 import pytest
@@ -28,34 +28,19 @@ def spawn(*args):
         timeout=TIMEOUT,
         encoding="utf-8",
         codec_errors="replace",
+        # A suite started in the background (`cmd &`) ignores SIGINT, and children
+        # inherit that: give the chat the terminal's default, as a user's shell does.
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     child.expect("Type /help")
-    at_prompt(child)
-    return child
-
-
-def at_prompt(child):
-    """Wait for the prompt and for the chat to block reading it. CPython loses a
-    Ctrl-C that lands between printing the prompt and the read() syscall (input()
-    only checks signals on EINTR), so a key sent in that window would wait for Enter."""
     child.expect_exact(PROMPT)
-    syscall = f"/proc/{child.pid}/syscall"
-    if not os.path.exists(syscall):  # not Linux: give it a moment instead
-        time.sleep(0.3)
-        return
-    deadline = time.monotonic() + TIMEOUT
-    while time.monotonic() < deadline:
-        with open(syscall) as f:
-            if f.read().startswith("0 0x0 "):  # read(0, ...): waiting on stdin
-                return
-        time.sleep(0.01)
-    raise AssertionError("the chat printed its prompt but never read stdin")
+    return child
 
 
 def command(child, line, expected):
     child.sendline(line)
     child.expect_exact(expected)
-    at_prompt(child)
+    child.expect_exact(PROMPT)
 
 
 def test_chat_session_in_a_terminal(paths, tmp_path):
@@ -66,7 +51,7 @@ def test_chat_session_in_a_terminal(paths, tmp_path):
     child.expect(r"DFlash auto.*tok/s.*τ \d+\.\d\d \(last \d+\)")
     child.sendcontrol("c")
     child.expect_exact("interrupted: the partial answer stays in the conversation")
-    at_prompt(child)
+    child.expect_exact(PROMPT)
 
     command(child, "/max 16", "Max tokens 16.")
     # second turn: the first turn's prompt and the partial answer come from the cache
@@ -74,7 +59,7 @@ def test_chat_session_in_a_terminal(paths, tmp_path):
     child.expect(r"prompt (\d+) tok, (\d+) cached")
     prompt_tokens, cached = map(int, child.match.groups())
     assert 30 < cached < prompt_tokens
-    at_prompt(child)
+    child.expect_exact(PROMPT)
 
     command(child, "/help", "/draft on|off")
     command(child, "/stats", "cached tokens")
@@ -85,22 +70,22 @@ def test_chat_session_in_a_terminal(paths, tmp_path):
     child.sendline("plain please")
     child.expect(r"gen \d+ tok @ [\d.]+ tok/s")
     child.expect_exact(" · plain")
-    at_prompt(child)
+    child.expect_exact(PROMPT)
     command(child, "/draft on", "Speculative decoding on.")
     command(child, "/color on", "Token colours on.")
     child.sendline("coloured now")
     child.expect_exact("DFlash b4")
-    at_prompt(child)
+    child.expect_exact(PROMPT)
 
     # multi-line input, both ways
     for line in ['"""', "line one", "line two", '"""']:
         child.sendline(line)
     child.expect(r"gen \d+ tok")
-    at_prompt(child)
+    child.expect_exact(PROMPT)
     child.sendline("first half \\")
     child.sendline("second half")
     child.expect(r"gen \d+ tok")
-    at_prompt(child)
+    child.expect_exact(PROMPT)
 
     command(child, f"/save {tmp_path / 'chat.json'}", "Saved 12 messages")
     command(child, f"/save {tmp_path / 'chat.md'}", "Saved")
@@ -134,7 +119,7 @@ def test_ctrl_c_at_the_prompt_cancels_the_line_and_ctrl_d_leaves(paths):
     child.send("half a thought")
     child.sendcontrol("c")  # as in Python's REPL: the line goes, the chat stays
     child.expect_exact("line cancelled: Ctrl-D or /exit leaves")
-    at_prompt(child)
+    child.expect_exact(PROMPT)
     command(child, "/temp 0", "Temperature 0 (greedy).")
     child.sendcontrol("d")
     child.expect(pexpect.EOF)
@@ -147,7 +132,7 @@ def test_a_non_utf8_message_is_refused_and_the_chat_goes_on(paths):
     child = spawn("-m", t, "-n", 4)
     os.write(child.child_fd, b"caf\xe9 au lait\r")  # Latin-1, not UTF-8
     child.expect_exact("not valid UTF-8")
-    at_prompt(child)
+    child.expect_exact(PROMPT)
     command(child, "/temp 0", "Temperature 0 (greedy).")
     child.sendline("/exit")
     child.expect(pexpect.EOF)
