@@ -40,15 +40,6 @@ CONTROL, USER_DEFINED = 3, 4
 def build_tokenizer(md: dict):
     """An mlx-lm TokenizerWrapper from the GGUF tokenizer metadata (byte-level BPE)."""
     from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
-    from tokenizers import (
-        AddedToken,
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        processors,
-    )
     from transformers import PreTrainedTokenizerFast
 
     kind = md.get("tokenizer.ggml.model")
@@ -58,35 +49,6 @@ def build_tokenizer(md: dict):
             "'gpt2', is); load the safetensors version of the model."
         )
     tokens = md["tokenizer.ggml.tokens"]
-    merges = [tuple(m.split(" ", 1)) for m in md.get("tokenizer.ggml.merges", [])]
-    types = md.get("tokenizer.ggml.token_type") or [1] * len(tokens)
-    pre = md.get("tokenizer.ggml.pre", "default")
-    tok = Tokenizer(
-        models.BPE(
-            {t: i for i, t in enumerate(tokens)},
-            merges,
-            ignore_merges=pre in _IGNORE_MERGES,
-        )
-    )
-    byte_level = pre_tokenizers.ByteLevel(
-        add_prefix_space=False, use_regex=pre not in _SPLITS
-    )
-    if pre in _SPLITS:
-        split = pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated")
-        tok.pre_tokenizer = pre_tokenizers.Sequence([split, byte_level])
-    elif pre == "smollm":
-        digits = pre_tokenizers.Digits(individual_digits=True)
-        tok.pre_tokenizer = pre_tokenizers.Sequence([digits, byte_level])
-    else:
-        tok.pre_tokenizer = byte_level
-    tok.decoder = decoders.ByteLevel()
-    tok.add_tokens(
-        [
-            AddedToken(tokens[i], special=t == CONTROL, normalized=False)
-            for i, t in enumerate(types)
-            if t in (CONTROL, USER_DEFINED)
-        ]
-    )
 
     def special(key):
         i = md.get(f"tokenizer.ggml.{key}_token_id")
@@ -94,8 +56,11 @@ def build_tokenizer(md: dict):
             (i, tokens[i]) if i is not None and 0 <= i < len(tokens) else (None, None)
         )
 
+    tok = _bpe(md, tokens)
     bos_id, bos = special("bos")
     if md.get("tokenizer.ggml.add_bos_token", False) and bos is not None:
+        from tokenizers import processors
+
         tok.post_processor = processors.TemplateProcessing(
             single=f"{bos} $A",
             pair=f"{bos} $A {bos} $B",
@@ -115,3 +80,45 @@ def build_tokenizer(md: dict):
         BPEStreamingDetokenizer,
         eos_token_ids=[i for i in eos_ids if i is not None],
     )
+
+
+def _bpe(md: dict, tokens: list):
+    """Byte-level BPE with the file's merges, pre-tokenizer and added tokens."""
+    from tokenizers import AddedToken, Tokenizer, decoders, models
+
+    merges = [tuple(m.split(" ", 1)) for m in md.get("tokenizer.ggml.merges", [])]
+    types = md.get("tokenizer.ggml.token_type") or [1] * len(tokens)
+    pre = md.get("tokenizer.ggml.pre", "default")
+    tok = Tokenizer(
+        models.BPE(
+            {t: i for i, t in enumerate(tokens)},
+            merges,
+            ignore_merges=pre in _IGNORE_MERGES,
+        )
+    )
+    tok.pre_tokenizer = _pre_tokenizer(pre)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_tokens(
+        [
+            AddedToken(tokens[i], special=t == CONTROL, normalized=False)
+            for i, t in enumerate(types)
+            if t in (CONTROL, USER_DEFINED)
+        ]
+    )
+    return tok
+
+
+def _pre_tokenizer(pre: str):
+    """llama.cpp's pre-tokenizer `pre` (tokenizer.ggml.pre) as a tokenizers one."""
+    from tokenizers import Regex, pre_tokenizers
+
+    byte_level = pre_tokenizers.ByteLevel(
+        add_prefix_space=False, use_regex=pre not in _SPLITS
+    )
+    if pre in _SPLITS:
+        split = pre_tokenizers.Split(Regex(_SPLITS[pre]), behavior="isolated")
+        return pre_tokenizers.Sequence([split, byte_level])
+    if pre == "smollm":
+        digits = pre_tokenizers.Digits(individual_digits=True)
+        return pre_tokenizers.Sequence([digits, byte_level])
+    return byte_level

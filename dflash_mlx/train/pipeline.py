@@ -173,55 +173,11 @@ def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
     train_prompts, val_prompts = check(opts)
     if model is None:
         model, tokenizer = load_target(opts.target)
-    probe = Target(model)
-    args = new_drafter_args(
-        probe,
-        opts.draft_layers,
-        opts.block_size,
-        opts.target_layer_ids,
-        opts.mask_token_id,
-    )
-    if opts.init_from:  # its shapes fit, before hours of data and features
-        init_weights(new_drafter(args, opts.train.seed), Path(opts.init_from))
-
-    yield Stage(
-        "data",
-        f"{len(train_prompts)} prompts, responses by the target "
-        f"({'greedy' if opts.temperature == 0 else f'temperature {opts.temperature}'})",
-    )
-    data = out / "data"
-    check_meta(
-        data / "meta.json",
-        {
-            "target": str(opts.target),
-            "temperature": opts.temperature,
-            "max_new_tokens": opts.max_new_tokens,
-        },
-    )
-    train_prompts = yield from _responses(opts, model, tokenizer, train_prompts, data)
-    keep = {p.id for p in train_prompts}
-    samples = samples_for_training(
-        _truncate(read_samples(data / "responses.jsonl"), opts.max_len), keep
-    )
-
+    args = _drafter_args(opts, Target(model))
+    samples = yield from _data(opts, model, tokenizer, train_prompts, out / "data")
     target = Target(model, args.target_layer_ids)
-    mode, why = choose_mode(
-        opts.features, samples, target, out / "features", opts.feature_budget_gb
-    )
-    yield Stage("features", f"{mode}: {why}")
-    store = FeatureStore(target, samples, mode, out / "features")
-    yield from store.prepare()
-
-    if opts.draft_vocab:
-        vocab = select_draft_vocab(
-            (s.response for s in samples), (s.prompt for s in samples), opts.draft_vocab
-        )
-        args.draft_vocab_size = len(vocab)
-    draft = new_drafter(args, opts.train.seed)
-    if opts.init_from:
-        init_weights(draft, Path(opts.init_from))
-    if opts.draft_vocab:
-        draft.draft_vocab = mx.array(vocab, dtype=mx.int32)
+    store = yield from _features(opts, target, samples, out / "features")
+    draft = _drafter(opts, args, samples)
     val_ids = [encode_chat(tokenizer, p.messages) for p in val_prompts]
     trainer = Trainer(
         target, draft, tokenizer, samples, store, opts.train, out, val_ids
@@ -240,17 +196,81 @@ def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
     yield from trainer.run()
 
     tau = trainer.history.val[-1][1] if trainer.history.val else None
-    card = {
+    yield Stage("export", str(out))
+    card = _model_card(opts, trainer, len(samples), len(val_ids), tau)
+    export_drafter(draft, out, card, dtype=target.dtype, acceptance=trainer.acceptance)
+    yield Finished(out, trainer.step, tau, len(samples), trainer.history.train_seconds)
+
+
+def _drafter_args(opts: TrainOptions, probe):
+    """The new drafter's shape for this target; --init-from's weights are checked
+    against it now, before hours of data and features."""
+    args = new_drafter_args(
+        probe,
+        opts.draft_layers,
+        opts.block_size,
+        opts.target_layer_ids,
+        opts.mask_token_id,
+    )
+    if opts.init_from:
+        init_weights(new_drafter(args, opts.train.seed), Path(opts.init_from))
+    return args
+
+
+def _data(opts: TrainOptions, model, tokenizer, prompts: list, data: Path):
+    """The data stage; returns the samples to train on (truncated to --max-len)."""
+    how = "greedy" if opts.temperature == 0 else f"temperature {opts.temperature}"
+    yield Stage("data", f"{len(prompts)} prompts, responses by the target ({how})")
+    check_meta(
+        data / "meta.json",
+        {
+            "target": str(opts.target),
+            "temperature": opts.temperature,
+            "max_new_tokens": opts.max_new_tokens,
+        },
+    )
+    prompts = yield from _responses(opts, model, tokenizer, prompts, data)
+    samples = _truncate(read_samples(data / "responses.jsonl"), opts.max_len)
+    return samples_for_training(samples, {p.id for p in prompts})
+
+
+def _features(opts: TrainOptions, target, samples, folder: Path):
+    """The features stage: cached on disk or computed on the fly; returns the store."""
+    mode, why = choose_mode(
+        opts.features, samples, target, folder, opts.feature_budget_gb
+    )
+    yield Stage("features", f"{mode}: {why}")
+    store = FeatureStore(target, samples, mode, folder)
+    yield from store.prepare()
+    return store
+
+
+def _drafter(opts: TrainOptions, args, samples):
+    """The drafter to train: fresh or --init-from's weights, with its draft
+    vocabulary chosen from these responses (the head is the target's, frozen, so
+    a new vocabulary loses nothing trained)."""
+    if opts.draft_vocab:
+        vocab = select_draft_vocab(
+            (s.response for s in samples), (s.prompt for s in samples), opts.draft_vocab
+        )
+        args.draft_vocab_size = len(vocab)
+    draft = new_drafter(args, opts.train.seed)
+    if opts.init_from:
+        init_weights(draft, Path(opts.init_from))
+    if opts.draft_vocab:
+        draft.draft_vocab = mx.array(vocab, dtype=mx.int32)
+    return draft
+
+
+def _model_card(opts: TrainOptions, trainer, samples: int, val_prompts: int, tau):
+    return {
         "target": str(opts.target),
         "data": ", ".join(opts.prompts),
-        "samples": len(samples),
+        "samples": samples,
         "steps": trainer.step,
         "batch": opts.train.batch_size,
         "lr": opts.train.lr,
         "tau": tau,
-        "val_prompts": len(val_ids),
+        "val_prompts": val_prompts,
         "train_time": f"{trainer.history.train_seconds / 60:.1f} min of training",
     }
-    yield Stage("export", str(out))
-    export_drafter(draft, out, card, dtype=target.dtype, acceptance=trainer.acceptance)
-    yield Finished(out, trainer.step, tau, len(samples), trainer.history.train_seconds)
