@@ -46,15 +46,15 @@ def mlx_lm_folder(model_ref: str) -> str:
     from mlx_lm.utils import save_config, save_model
 
     from dflash_mlx import load
-    from dflash_mlx.gguf import model_config, read_gguf
+    from dflash_mlx.gguf_arch import model_config
+    from dflash_mlx.gguf_file import read_header
 
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     out = cache / "dflash-mlx" / "mlx-export" / Path(model_ref).stem
     if (out / "config.json").exists():
         return str(out)
     model, tokenizer = load(model_ref)  # dequantized, rows in Hugging Face order
-    weights, metadata = read_gguf(model_ref)
-    config = model_config(metadata, weights)
+    config = model_config(read_header(model_ref))
     config["eos_token_id"] = sorted(tokenizer.eos_token_ids)
     save_model(out, model)
     save_config(config, out / "config.json")
