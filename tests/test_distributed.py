@@ -1,6 +1,7 @@
 """Two local ranks on the ring backend (mlx.launch): sharded targets stay lossless."""
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -116,5 +117,10 @@ def test_a_rank_that_dies_stops_the_others(tmp_path, runs):
     start = time.monotonic()
     proc = launch(tmp_path, [{**case, "runs": [("partial", 4)]}], die_rank=1)
     said = proc.stdout + proc.stderr  # mlx.launch names the rank and stops the rest
-    assert "rank 1 exited with code 3" in said and "rank 0 exited with code -15" in said
+    assert "rank 1 exited with code 3" in said
+    # Rank 0 stops either way: killed by mlx.launch (-15), or first, by its own
+    # error when the ring socket to the dead rank closes (1). Which comes first
+    # is a race.
+    rank0 = re.search(r"rank 0 exited with code (-?\d+)", said)
+    assert rank0 and rank0.group(1) in ("-15", "1"), said
     assert time.monotonic() - start < 300 and not (tmp_path / "rank0.json").exists()
