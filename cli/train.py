@@ -52,6 +52,12 @@ def train(
     mask_token_id: int | None = typer.Option(
         None, "--mask-token-id", help="Mask token id (default: the last vocabulary id)."
     ),
+    sliding_window: int = typer.Option(
+        0,
+        "--sliding-window",
+        help="Draft layers see only the last N context positions (0: all); keeps "
+        "drafts good on prompts longer than the training ones.",
+    ),
     max_new_tokens: int = typer.Option(
         256, "--max-new-tokens", help="Response length cap."
     ),
@@ -158,6 +164,7 @@ def train(
             block_size=block_size,
             target_layer_ids=_layer_ids(target_layers),
             mask_token_id=mask_token_id,
+            sliding_window=sliding_window,
             max_new_tokens=max_new_tokens,
             max_len=max_len,
             gen_batch_size=gen_batch_size,

@@ -4,18 +4,20 @@ import json
 from collections import Counter
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 from typer.testing import CliRunner
 
 from dflash_mlx import Target, load, load_draft
+from dflash_mlx.draft import ModelArgs
 from dflash_mlx.loading import read_safetensors
 from dflash_mlx.train.blocks import make_blocks
 from dflash_mlx.train.data import Prompt, read_samples, regenerate, samples_for_training
 from dflash_mlx.train.export import export_drafter, new_drafter, new_drafter_args
 from dflash_mlx.train.features import FeatureStore, choose_mode, compute
 from dflash_mlx.train.loop import TrainConfig, Trainer, measure_tau
-from dflash_mlx.train.packed import block_loss
+from dflash_mlx.train.packed import block_loss, layer_masks
 
 
 @pytest.fixture(scope="module")
@@ -289,3 +291,23 @@ def test_cli_draft_vocab_and_init_from(tiny_pair, tmp_path):
         + ["--out", str(tmp_path / "c"), "--init-from", str(tmp_path / "nowhere")],
     )
     assert bad.exit_code == 2 and "--init-from" in bad.output
+
+
+def test_sliding_window_drafters_keep_the_block_bidirectional(setup):
+    _, model, _, target, _, _ = setup
+    args = new_drafter_args(target, num_layers=2, block_size=8, sliding_window=12)
+    assert args.layer_types == ["sliding_attention"] * 2
+    assert (args.sliding_window, args.is_causal) == (12, False)
+    again = ModelArgs.from_config(args.to_config())  # what export writes, read back
+    assert (again.layer_types, again.sliding_window, again.is_causal) == (
+        args.layer_types,
+        12,
+        False,
+    )
+    masks = layer_masks(new_drafter(args), np.array([20]), 8, 20)  # one block at 20
+    mask = np.array(masks["sliding_attention"])
+    assert mask[:, 20:].all()  # every block position sees the whole block
+    assert mask[0, 9:20].all() and not mask[0, :9].any()  # and 11 context positions
+    assert mask[7, 16:20].all() and not mask[7, :16].any()  # within 12 of itself
+    with pytest.raises(ValueError, match="--sliding-window 8 must exceed"):
+        new_drafter_args(target, block_size=8, sliding_window=8)

@@ -66,6 +66,7 @@ def check_options(opts) -> None:
             _int("--target-layers", i, 0)
     if opts.mask_token_id is not None:
         _int("--mask-token-id", opts.mask_token_id, 0)
+    _int("--sliding-window", opts.sliding_window, 0, "0: full attention")
     _int("--max-new-tokens", opts.max_new_tokens, 1)
     _int("--max-len", opts.max_len, 2)
     _int("--gen-batch-size", opts.gen_batch_size, 1)

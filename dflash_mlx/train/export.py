@@ -28,10 +28,16 @@ def new_drafter_args(
     block_size: int = DEFAULT_BLOCK_SIZE,
     target_layer_ids: list | None = None,
     mask_token_id: int | None = None,
+    sliding_window: int = 0,
 ) -> ModelArgs:
     """Drafter arguments for `target` (a `dflash_mlx.Target`): its hidden size, heads
     and MLP width, `num_layers` Qwen3-style layers, features from `target_layer_ids`
-    (default: 5 layers spread over the target, the z-lab convention)."""
+    (default: 5 layers spread over the target, the z-lab convention).
+
+    `sliding_window` W > 0 makes every layer a sliding one that sees only the last W
+    context positions (the block itself stays bidirectional): with RoPE, its inputs then
+    look the same at any prompt length, so it does not collapse past the lengths it was
+    trained on."""
     if num_layers < 1:
         raise ValueError(f"--draft-layers must be at least 1, got {num_layers}.")
     if block_size < 2:
@@ -53,6 +59,12 @@ def new_drafter_args(
         raise ValueError(
             f"--mask-token-id {mask} is outside the target vocabulary (0..{vocab - 1})."
         )
+    if sliding_window and sliding_window <= block_size:
+        raise ValueError(
+            f"--sliding-window {sliding_window} must exceed the block size "
+            f"{block_size}, or be 0 (full attention)."
+        )
+    kind = "sliding_attention" if sliding_window else "full_attention"
     rope = getattr(t, "rope_scaling", None)
     return ModelArgs(
         hidden_size=H,
@@ -72,6 +84,9 @@ def new_drafter_args(
             getattr(t, "max_position_embeddings", 32768) or 32768
         ),
         block_size=block_size,
+        layer_types=[kind] * num_layers,
+        sliding_window=sliding_window or None,
+        is_causal=False if sliding_window else None,
     )
 
 

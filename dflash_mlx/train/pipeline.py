@@ -53,6 +53,7 @@ class TrainOptions:
     block_size: int = DEFAULT_BLOCK_SIZE
     target_layer_ids: list | None = None
     mask_token_id: int | None = None
+    sliding_window: int = 0  # 0: full attention; W: every draft layer sees W positions
     max_new_tokens: int = 256
     max_len: int = 3072
     gen_batch_size: int = 32
@@ -211,6 +212,7 @@ def _drafter_args(opts: TrainOptions, probe):
         opts.block_size,
         opts.target_layer_ids,
         opts.mask_token_id,
+        opts.sliding_window,
     )
     if opts.init_from:
         init_weights(new_drafter(args, opts.train.seed), Path(opts.init_from))
