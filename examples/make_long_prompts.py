@@ -1,7 +1,7 @@
 """Write long-context benchmark prompts: worked gsm8k-train problems as context, then a
 new gsm8k-test question to solve in the same way.
 
-    python examples/make_long_prompts.py --out long.jsonl            # 4 prompts, ~6K tokens
+    python examples/make_long_prompts.py --out long.jsonl # 4.6K-5.7K tokens each
     dflash-mlx bench --dataset long.jsonl --max-tokens 128
 
 This is the shape of the "speculation collapses past 4K tokens" reports: a long pasted
@@ -11,16 +11,18 @@ split, so the prompts never repeat a benchmark item's answer.
 """
 
 import argparse
+import gzip
 import json
 import random
 import re
 from pathlib import Path
 
-DATA = Path(__file__).resolve().parents[2] / "shared" / "datasets"
+from dflash_mlx.datasets import DATA_DIR  # the package's bundled sets
 
 
-def read_jsonl(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+def read_jsonl_gz(path: Path) -> list[dict]:
+    with gzip.open(path, "rt", encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
 
 
 def worked(row: dict) -> str:
@@ -45,18 +47,19 @@ def main():
     parser.add_argument("--count", type=int, default=4, help="Prompts to write.")
     parser.add_argument("--problems", type=int, default=30, help="Solved per prompt.")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--data", type=Path, default=DATA, help="gsm8k_*.jsonl here.")
     args = parser.parse_args()
     if args.out.exists():
         raise SystemExit(f"{args.out} exists; pass another --out or remove it first.")
-    train = read_jsonl(args.data / "gsm8k_train.jsonl")
-    test = read_jsonl(args.data / "gsm8k_test.jsonl")
+    train = read_jsonl_gz(DATA_DIR / "train_gsm8k.jsonl.gz")
+    test = read_jsonl_gz(DATA_DIR / "gsm8k_test.jsonl.gz")
     rng = random.Random(args.seed)
     with args.out.open("w") as f:
         for i in range(args.count):
             prompt = long_prompt(rng.sample(train, args.problems), test[i]["question"])
             f.write(json.dumps({"id": f"long-{i}", "prompt": prompt}) + "\n")
-    print(f"wrote {args.count} prompts of {args.problems} solved problems to {args.out}")
+    print(
+        f"wrote {args.count} prompts ({args.problems} solved problems each): {args.out}"
+    )
 
 
 if __name__ == "__main__":
