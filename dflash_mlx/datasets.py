@@ -67,7 +67,7 @@ BUNDLED = {
 DATASETS = tuple(BUNDLED)
 
 
-def _read_jsonl_gz(path: Path) -> list[dict]:
+def read_jsonl_gz(path: Path) -> list[dict]:
     with gzip.open(path, "rt", encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]
 
@@ -76,7 +76,7 @@ def bundled(name: str) -> list[Sample]:
     """Every sample of a bundled set, in file order."""
     spec = BUNDLED[name]
     samples = []
-    for i, row in enumerate(_read_jsonl_gz(DATA_DIR / spec.file)):
+    for i, row in enumerate(read_jsonl_gz(DATA_DIR / spec.file)):
         if not spec.keep(row):
             continue
         sid = str(row[spec.id_key]) if spec.id_key else f"{name}/{i}"

@@ -11,18 +11,12 @@ split, so the prompts never repeat a benchmark item's answer.
 """
 
 import argparse
-import gzip
 import json
 import random
 import re
 from pathlib import Path
 
-from dflash_mlx.datasets import DATA_DIR  # the package's bundled sets
-
-
-def read_jsonl_gz(path: Path) -> list[dict]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f if line.strip()]
+from dflash_mlx.datasets import DATA_DIR, read_jsonl_gz  # the package's bundled sets
 
 
 def worked(row: dict) -> str:
