@@ -18,7 +18,8 @@ class Kernels:
     softmax: Callable[[mx.array], mx.array]  # over the last axis, in float32
     # (q, k, v, scale, mask) as for mx.fast.scaled_dot_product_attention
     attention: Callable[..., mx.array]
-    cpu_blocks: bool  # run standard target blocks through cpu_blocks.py
+    # target blocks on cpu_blocks.py, qwen3_5 recurrent mixers on cpu_delta.py
+    cpu_blocks: bool
 
 
 def _mlx_attention(q, k, v, scale, mask=None):

@@ -20,7 +20,8 @@ tests/test_target.py and tests/test_families.py):
   embedding's `as_linear`, then `final_logit_softcapping` where the model has it;
 - GatedDeltaNet mixers compute everything from children named `in_proj*` and keep
   `[conv state, recurrent state]` in an `ArraysCache`; attention caches are trimmable.
-On the CPU, llama/qwen2/qwen3 blocks run through `cpu_blocks.py` (cheaper kernels).
+On the CPU, llama/qwen2/qwen3 blocks run through `cpu_blocks.py` (cheaper kernels), and
+qwen3_5 mixers through `cpu_delta.py` (the recurrence over a block in closed form).
 """
 
 import copy
@@ -145,21 +146,25 @@ class _DeltaTap:
     """Stands in for a GatedDeltaNet mixer; runs mlx-lm's own mixer code on a view whose
     input projections are `_Projection`s."""
 
-    def __init__(self, mixer: nn.Module, recording: _Recording):
+    def __init__(self, mixer: nn.Module, recording: _Recording, cpu: bool = False):
+        from . import cpu_delta
+
         self.recording = recording
         self.record: _DeltaRecord | None = None
         self.replaying: tuple | None = None
         names = [n for n in mixer if n.startswith("in_proj")]
         self.mixer = _view(mixer, **{n: _Projection(n, mixer[n], self) for n in names})
+        # on the CPU, qwen3_5's recurrence over many tokens in closed form
+        self.forward = cpu_delta.forward_for(self.mixer) if cpu else self.mixer
 
     def __call__(self, inputs, mask=None, cache=None):
         tape = self.recording.tape
         if tape is None or cache is None:
-            return self.mixer(inputs, mask, cache)
+            return self.forward(inputs, mask, cache)
         self.record = _DeltaRecord(self, inputs, mask, _snapshot(cache))
         tape.append(self.record)
         try:
-            return self.mixer(inputs, mask, cache)
+            return self.forward(inputs, mask, cache)
         finally:
             self.record = None
 
@@ -171,7 +176,7 @@ class _DeltaTap:
         mask = None if record.mask is None else record.mask[:, :keep]
         self.replaying = (record, keep)
         try:  # only the cache updates are evaluated: the output projection is skipped
-            self.mixer(record.inputs[:, :keep], mask, cache)
+            self.forward(record.inputs[:, :keep], mask, cache)
         finally:
             self.replaying = None
 
@@ -213,11 +218,12 @@ def _rollable(cache) -> bool:
     return cache is None or bool(getattr(cache, "is_trimmable", lambda: False)())
 
 
-def _stand_in(layer, index: int, recording: _Recording, block=None):
-    """The tap for one layer (`block`: a CPU block standing in for it)."""
+def _stand_in(layer, index: int, recording: _Recording, block=None, cpu=False):
+    """The tap for one layer (`block`: a CPU block standing in for it; `cpu`: recurrent
+    mixers on cpu_delta's kernels)."""
     mixer = _mixer(layer)
     if mixer is not None:
-        layer = _view(layer, linear_attn=_DeltaTap(mixer, recording))
+        layer = _view(layer, linear_attn=_DeltaTap(mixer, recording, cpu))
     return _LayerTap(block or layer, index, recording)
 
 
@@ -268,7 +274,10 @@ class Target:
         self.cpu_blocks = blocks is not None  # standard blocks on cpu_ops' kernels
         pending = iter(blocks or ())
         taps = [
-            layer and _stand_in(layer, i, self._recording, next(pending, None))
+            layer
+            and _stand_in(
+                layer, i, self._recording, next(pending, None), self.kernels.cpu_blocks
+            )
             for i, layer in enumerate(self.inner.layers)
         ]
         return _view(self.inner, layers=taps)
