@@ -29,7 +29,10 @@ def open_session(
         drafter = None
         if draft:
             drafter = load_draft(draft, target=target, distributed=distributed)
-        policy = _warm_up(target, tokenizer, drafter)
+        # one process: the timings file under the user cache (ranks must all run the
+        # same warm-up, which files that differ per machine would break)
+        timings = _timings(model, draft) if distributed is None else None
+        policy = _warm_up(target, tokenizer, drafter, timings)
     session = ChatSession(
         target,
         tokenizer,
@@ -63,16 +66,25 @@ def _join(*notes) -> str | None:
     return "; ".join(n for n in notes if n) or None
 
 
-def _warm_up(target, tokenizer, drafter):
+def _timings(model, draft):
+    """The file keeping this machine's block timings for the pair, or None."""
+    from dflash_mlx.calibrate import timings_file
+    from dflash_mlx.defaults import user_cache
+
+    return timings_file(user_cache() / "timings", model, draft) if draft else None
+
+
+def _warm_up(target, tokenizer, drafter, timings=None):
     """A short throwaway generation, so MLX compiles its kernels (on a CPU once per
     machine, ~6 s for the demo pair) behind the loading spinner, not in the first
     answer. With a drafter it times every block size too: the session's adaptive
-    policy, which then starts calibrated (see dflash_mlx/calibrate.py)."""
+    policy, which then starts calibrated (see dflash_mlx/calibrate.py), from the
+    `timings` file when an earlier process wrote it."""
     from dflash_mlx import stream_generate
     from dflash_mlx.calibrate import calibrate
 
     if drafter is not None:
-        return calibrate(target, drafter, tokenizer)
+        return calibrate(target, drafter, tokenizer, timings=timings)
     for _ in stream_generate(target, None, tokenizer, "Hello", max_tokens=2):
         pass
     return None

@@ -40,9 +40,14 @@ def default_target() -> str:
     )
 
 
-def cache_dir() -> Path:
+def user_cache() -> Path:
+    """dflash-mlx's folder in the user cache ($XDG_CACHE_HOME, default ~/.cache)."""
     base = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
-    return Path(base).expanduser() / "dflash-mlx" / "drafters"
+    return Path(base).expanduser() / "dflash-mlx"
+
+
+def cache_dir() -> Path:
+    return user_cache() / "drafters"
 
 
 def default_draft(

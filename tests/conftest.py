@@ -1,3 +1,4 @@
+import os
 import sys
 from pathlib import Path
 
@@ -6,6 +7,19 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 import tiny  # noqa: E402
+
+
+@pytest.fixture(scope="session", autouse=True)
+def user_cache(tmp_path_factory):
+    """The suite's own user cache (block timings, the unpacked default drafter), so
+    tests never read or leave files in the real one; CLI subprocesses inherit it."""
+    saved = os.environ.get("XDG_CACHE_HOME")
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("user-cache"))
+    yield Path(os.environ["XDG_CACHE_HOME"])
+    if saved is None:
+        del os.environ["XDG_CACHE_HOME"]
+    else:
+        os.environ["XDG_CACHE_HOME"] = saved
 
 
 @pytest.fixture(scope="session")

@@ -2,6 +2,7 @@
 a fresh chat or `generate` starts with every size timed, no exploration."""
 
 import importlib
+import json
 
 import pytest
 
@@ -88,3 +89,86 @@ def test_open_session_hands_the_calibrated_policy_to_the_chat(pair):
     assert session._block_policy() is policy  # one per session, kept across turns
     plain, _ = open_session(str(t), None, True)
     assert plain._block_policy() == 1
+
+
+def test_timings_are_kept_for_the_next_process(pair, tmp_path, monkeypatch):
+    """A full calibration writes its timings; a later one reads them back and runs
+    only a two-token plain warm-up (no drafter, no schedule)."""
+    _, _, model, tok, draft = pair
+    from dflash_mlx import calibrate as module
+
+    path = tmp_path / "timings" / "pair.json"
+    first = module.calibrate(model, draft, tok, timings=path)
+    stored = json.loads(path.read_text())
+    assert {int(k) for k in stored["seconds"]} == set(first.sizes)
+    assert {int(k) for k in stored["verify_seconds"]} == set(first.sizes)
+
+    runs = []
+
+    def recording(model, draft, tokenizer, ids, block_size=None, max_tokens=0, **_):
+        runs.append((draft, block_size, max_tokens))
+        yield None
+
+    engine = importlib.import_module("dflash_mlx.generate")
+    monkeypatch.setattr(engine, "stream_generate", recording)
+    second = module.calibrate(model, draft, tok, timings=path)
+    assert second.seconds == first.seconds
+    assert second.verify_seconds == first.verify_seconds
+    assert runs == [(None, None, 2)]
+    assert second.next() == 8  # each size still runs once for real, largest first
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "not json",
+        '{"seconds": {"8": 0.1}}',
+        '{"seconds": {"8": 0.1, "4": 0.1, '
+        '"2": 0.1, "1": -1}, "verify_seconds": {"8": 1, "4": 1, "2": 1, "1": 1}}',
+        "[]",
+    ],
+)
+def test_a_broken_timings_file_is_measured_again_and_replaced(pair, tmp_path, content):
+    _, _, model, tok, draft = pair
+    from dflash_mlx import calibrate as module
+
+    path = tmp_path / "pair.json"
+    path.write_text(content)
+    policy = module.calibrate(model, draft, tok, timings=path)
+    assert sorted(policy.seconds) == policy.sizes
+    assert all(v > 0 for v in policy.seconds.values())
+    assert json.loads(path.read_text())["seconds"] == {
+        str(k): v for k, v in policy.seconds.items()
+    }
+
+
+def test_an_unwritable_timings_folder_only_costs_the_calibration(pair, tmp_path):
+    _, _, model, tok, draft = pair
+    from dflash_mlx import calibrate as module
+
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    policy = module.calibrate(model, draft, tok, timings=blocker / "sub" / "t.json")
+    assert sorted(policy.seconds) == policy.sizes
+
+
+def test_the_timings_file_is_keyed_by_pair_and_machine(tmp_path):
+    from dflash_mlx.calibrate import timings_file
+
+    a = timings_file(tmp_path, "target-a", "draft-a")
+    assert a == timings_file(tmp_path, "target-a", "draft-a")
+    assert a.parent == tmp_path and a.suffix == ".json"
+    assert a != timings_file(tmp_path, "target-b", "draft-a")
+    assert a != timings_file(tmp_path, "target-a", "draft-b")
+
+
+def test_open_session_keeps_timings_in_the_user_cache(pair, tmp_path, monkeypatch):
+    from dflash_mlx.cli.session import open_session
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    t, d, _, _, _ = pair
+    first, _ = open_session(str(t), str(d), False)
+    files = list((tmp_path / "dflash-mlx" / "timings").glob("*.json"))
+    assert len(files) == 1
+    second, _ = open_session(str(t), str(d), False)
+    assert second._block_policy().seconds == first._block_policy().seconds

@@ -20,7 +20,8 @@ def detect_blas() -> str:
     return f"{label} ({info['path']})" if info["path"] else label
 
 
-def _cpu_name() -> str:
+def cpu_name() -> str:
+    """The CPU's model name, e.g. 'AMD EPYC 7B13' or 'Apple M3 Max'."""
     import platform
     import subprocess
     import sys
@@ -98,7 +99,7 @@ def environment(model=None, draft=None, model_id: str = "", draft_id: str = "") 
     env = dict(
         platform=platform.platform(),
         machine=platform.machine(),
-        cpu=_cpu_name(),
+        cpu=cpu_name(),
         cpu_count=os.cpu_count(),
         chip=_chip(),
         device=str(mx.default_device()),
