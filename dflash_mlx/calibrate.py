@@ -110,6 +110,8 @@ def _run(model, draft, tokenizer, order: list[int]) -> _Schedule:
 def timings_file(folder: Path, target: str, draft: str) -> Path:
     """Where the timings of this machine with this pair live: `folder`/<digest>.json,
     the digest of everything that sets them (a change of any gives a new file)."""
+    from importlib.metadata import version
+
     import mlx.core as mx
 
     from . import __version__
@@ -119,7 +121,7 @@ def timings_file(folder: Path, target: str, draft: str) -> Path:
         "cpu": cpu_name(),
         "device": str(mx.default_device()),
         "blas": detect_blas(),
-        "mlx": mx.__version__,
+        "mlx": version("mlx"),
         "dflash_mlx": __version__,
         "target": str(target),
         "draft": str(draft),
