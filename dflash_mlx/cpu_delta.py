@@ -43,7 +43,7 @@ def forward(mixer, inputs: mx.array, mask=None, cache=None) -> mx.array:
     if S == 1 or mask is not None or lengths is not None:
         return mixer(inputs, mask, cache)
     if mixer.sharding_group is not None:
-        from mlx_lm.models.base import sum_gradients
+        from mlx.nn.layers.distributed import sum_gradients
 
         inputs = sum_gradients(mixer.sharding_group)(inputs)
     qkv = mixer.in_proj_qkv(inputs)
