@@ -36,7 +36,7 @@ def _load(model, draft, no_draft, draft_bits, out, group=None):
     from dflash_mlx.resolve import resolve_models
 
     from . import ui
-    from .session import _warm_up
+    from .session import _timings, _warm_up
 
     model, draft, note = resolve_models(model, draft, no_draft)
     with ui.loading(out, model):
@@ -46,7 +46,9 @@ def _load(model, draft, no_draft, draft_bits, out, group=None):
             drafter = load_draft(
                 draft, target=target, bits=draft_bits, distributed=group
             )
-        _warm_up(target, tokenizer, drafter)
+        # compiles the kernels; kept timings spare a full calibration (one process)
+        timings = _timings(model, draft) if group is None else None
+        _warm_up(target, tokenizer, drafter, timings)
     return (target, tokenizer, drafter), (model, draft, note)
 
 
