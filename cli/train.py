@@ -28,7 +28,8 @@ def train(
         ["bundled:gsm8k-train"],
         "--prompts",
         "-p",
-        help="bundled:gsm8k-train, bundled:mbpp-train, bundled:code-train or a .jsonl "
+        help="bundled:gsm8k-train, bundled:mbpp-train, bundled:code-train, "
+        "bundled:chat-train or a .jsonl "
         "file (repeat to mix).",
     ),
     max_prompts: int = typer.Option(

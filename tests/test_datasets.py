@@ -141,3 +141,27 @@ def test_code_train_prompts_are_not_the_benchmarks():
     assert len(prompts) == len(load_prompts("bundled:code-train")) > 1000  # distinct
     tests = {s.turns[0] for name in ("humaneval", "mbpp") for s in bundled(name)}
     assert not prompts & tests
+
+
+def test_chat_train_prompts_are_not_mt_bench():
+    """Distinct general-chat prompts, none of them an MT-Bench turn (and the bundled
+    file is what examples/make_chat_prompts.py writes)."""
+    import gzip
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    from dflash_mlx.datasets import DATA_DIR, bundled
+    from dflash_mlx.train.data import load_prompts
+
+    prompts = [p.messages[0]["content"] for p in load_prompts("bundled:chat-train")]
+    assert len(set(prompts)) == len(prompts) == 1200
+    turns = {t for s in bundled("mt-bench") for t in s.turns}
+    assert not set(prompts) & turns
+    script = Path(__file__).parents[1] / "examples" / "make_chat_prompts.py"
+    spec = importlib.util.spec_from_file_location("make_chat_prompts", script)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    rows = [json.loads(line) for line in gzip.open(DATA_DIR / "train_chat.jsonl.gz")]
+    expected = [r.format(t) for r in module.REQUESTS for t in module.TOPICS]
+    assert [r["prompt"] for r in rows] == expected
