@@ -5,6 +5,8 @@ so an interrupted or failed write leaves the old file (or none), never half of o
 """
 
 import os
+import secrets
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -16,16 +18,30 @@ def atomic_path(path: str | os.PathLike) -> Iterator[Path]:
     """A temporary path next to `path`; renamed to `path` when the block succeeds, else
     deleted. For writers that take a file name (safetensors, matplotlib)."""
     path = Path(path)
-    fd, name = tempfile.mkstemp(
-        dir=path.parent, prefix=f".{path.stem}.", suffix=f".tmp{path.suffix}"
-    )
-    os.close(fd)
-    tmp = Path(name)
+    tmp = _new_file(path)
     try:
         yield tmp
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _new_file(path: Path) -> Path:
+    """An empty, new temporary file beside `path`, with the mode the user would get
+    for `path`: an existing file's own, else 0o666 less the umask (mkstemp's 0o600
+    would make every file we write private)."""
+    while True:
+        tmp = path.parent / f".{path.stem}.{secrets.token_hex(4)}.tmp{path.suffix}"
+        try:
+            os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o666))
+            break
+        except FileExistsError:
+            continue
+    try:
+        os.chmod(tmp, stat.S_IMODE(path.stat().st_mode))
+    except FileNotFoundError:
+        pass  # a new file: the umask applied
+    return tmp
 
 
 def write_text(path: str | os.PathLike, text: str) -> Path:
