@@ -5,12 +5,13 @@ The overhead tests run the real policy against a simulated machine and drafter: 
 are synthetic (this CPU's demo pair), acceptance is drawn from the drafter's own
 confidences with a seeded generator, and no wall clock is read."""
 
+import math
 import random
 
 import pytest
 
 from dflash_mlx.acceptance import Acceptance
-from dflash_mlx.adaptive import PRIOR_BLOCKS, AdaptiveBlockSize
+from dflash_mlx.adaptive import MEMORY_BLOCKS, PRIOR_BLOCKS, AdaptiveBlockSize
 
 # The demo pair on this CPU: verifying T tokens costs V[T] seconds (a plain step is
 # V[1]); drafting a block adds DRAFT + SYNC (the cut's second sync).
@@ -29,9 +30,9 @@ def block_seconds(size: int, verified: int) -> float:
     return V[1] if size == 1 else DRAFT + SYNC + V[verified]
 
 
-def calibrated(prior=None) -> AdaptiveBlockSize:
+def calibrated(prior=None, **options) -> AdaptiveBlockSize:
     """A policy as the warm-up leaves it: every size and verify size timed."""
-    p = AdaptiveBlockSize(8, prior=prior)
+    p = AdaptiveBlockSize(8, prior=prior, **options)
     for size in p.sizes:
         p.seconds[size] = block_seconds(size, size)
         p.verify_seconds[size] = V[size]
@@ -122,7 +123,7 @@ def test_auto_starts_near_the_best_size_where_drafting_pays():
 
 
 def test_the_prior_counts_as_prior_blocks_observations():
-    p = AdaptiveBlockSize(8, prior=GSM8K_PRIOR)
+    p = AdaptiveBlockSize(8, prior=GSM8K_PRIOR, memory=math.inf)
     assert p.acceptance(1) == pytest.approx(458 / 969)
     assert p.acceptance(2) == pytest.approx(248 / 458)
     expected, run = 1.0, 1.0
@@ -154,7 +155,7 @@ def test_for_drafter_takes_the_drafters_prior_and_block_size():
 
 
 def test_drafts_the_cut_dropped_count_at_the_drafters_confidence():
-    p = calibrated()
+    p = calibrated(memory=math.inf)
     p.observe(8, 0, 0.1, verified=8)  # so the rate is known
     assert p.cut([0.1, 0.5, 0.5, 0.5, 0.5, 0.5, 0.5]) == 0
     p.observe(8, 0, 0.075, verified=1, verify_seconds=V[1])
@@ -184,3 +185,52 @@ def test_first_cut_uses_the_calibrated_rate():
     p = calibrated(GSM8K_PRIOR)
     assert p.tokens_rate == pytest.approx(max(p.rate(s) for s in p.sizes))
     assert p.cut([0.01] * 7) == 0  # no observation yet, but timed: the cut works
+
+
+def test_counts_and_the_prior_fade_with_age():
+    p = AdaptiveBlockSize(8, prior=GSM8K_PRIOR)
+    keep = 1 - 1 / MEMORY_BLOCKS
+    p.observe(8, 7, 0.1, verified=8)  # one block, every draft accepted
+    for _ in range(99):  # then 99 that accept nothing
+        p.observe(8, 0, 0.1, verified=8)
+    # the full block is 99 blocks old; the prior (16 blocks' worth) as old as all 100
+    prior = PRIOR_BLOCKS * keep**100
+    accepted = keep**99 + 458 / 969 * prior
+    offered = sum(keep**i for i in range(100)) + prior
+    assert p.acceptance(1) == pytest.approx(accepted / offered)
+    assert p.acceptance(2) == pytest.approx(
+        (keep**99 + 248 / 458 * prior * 458 / 969) / (keep**99 + prior * 458 / 969)
+    )
+    for _ in range(2000):  # the prior never weighs less than one block
+        p.observe(1, 0, 0.06)
+    assert p.acceptance(2) == pytest.approx(248 / 458, rel=1e-3)
+
+
+def test_memory_must_be_a_block_or_more():
+    with pytest.raises(ValueError, match="memory"):
+        AdaptiveBlockSize(8, memory=0.5)
+
+
+def test_a_shared_policy_follows_the_text_it_decodes():
+    """One policy for a whole session (a chat, or `bench` over several datasets): what
+    it learnt on one kind of text must not decide the next. Cumulative counts fail
+    both ways, which the forgetting policy must not."""
+
+    def switch(make, first: str, then: str, seed: int) -> float:
+        policy = make()
+        seconds_per_token(policy, first, 4000, seed)
+        return seconds_per_token(policy, then, 256, seed + 1000) / V[1] - 1
+
+    def mean(make, first, then):
+        return sum(switch(make, first, then, s) for s in range(24)) / 24
+
+    forgetting = start
+
+    def cumulative():
+        return calibrated(GSM8K_PRIOR, memory=math.inf)
+
+    # predictable text after 4,000 tokens of hard text: drafting pays again
+    assert mean(cumulative, "code", "gsm8k") > -0.01  # never drafts again
+    assert mean(forgetting, "code", "gsm8k") < -0.05
+    # hard text after predictable text: auto costs a few percent at most
+    assert mean(forgetting, "gsm8k", "code") < 0.04
