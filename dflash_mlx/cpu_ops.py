@@ -20,13 +20,16 @@ import numpy as np
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.693145751953125  # ln 2 split in two so n * ln2 stays exact (Cody-Waite)
 _LN2_LO = 1.428606765330187e-06
+_ROUNDER = 12582912.0  # 1.5 * 2**23: adding it rounds |y| < 2**22 to an integer
 _EXP_MIN, _EXP_MAX = -87.3, 88.7  # float32 exp underflows / overflows past these
 
 
 def _exp(x: mx.array) -> mx.array:
     """exp(x) = e^r * 2^n with |r| <= ln2/2, e^r by its degree-7 Taylor polynomial."""
     xc = mx.clip(x, _EXP_MIN, _EXP_MAX)
-    n = mx.floor(xc * _LOG2E + 0.5)
+    # round to nearest by the 1.5 * 2**23 trick: two adds, where MLX's CPU floor is a
+    # scalar call that cost 45% of this function
+    n = (xc * _LOG2E + _ROUNDER) - _ROUNDER
     r = xc - n * _LN2_HI - n * _LN2_LO
     p = r * (1 / 5040) + 1 / 720
     for c in (1 / 120, 1 / 24, 1 / 6, 0.5, 1.0, 1.0):
