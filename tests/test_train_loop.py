@@ -267,15 +267,19 @@ def test_cli_draft_vocab_and_init_from(tiny_pair, tmp_path):
             str(first),
             "--lr",
             "1e-12",
+            "--draft-layers",  # one more than the donor's: grown
+            "2",
         ],
     )
     assert result.exit_code == 0, result.output
+    assert "new layers [1] start as the identity" in " ".join(result.output.split())
     model, tok = load(str(t))
     donor, draft = (
         load_draft(str(first), target=model),
         load_draft(str(second), target=model),
     )
     assert draft.args.block_size == 4 and draft.args.draft_vocab_size == 12
+    assert (len(donor.layers), len(draft.layers)) == (1, 2)
     assert "draft_vocab" not in read_safetensors(second / "model.safetensors")
     assert not (first / "draft_vocab.json").exists()
     assert mx.allclose(

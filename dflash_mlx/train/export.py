@@ -97,11 +97,19 @@ def new_drafter(args: ModelArgs, seed: int = 0) -> Model:
     return model
 
 
-def init_weights(model: Model, path: Path):
+def _layer_index(name: str) -> int | None:
+    parts = name.split(".")
+    return int(parts[1]) if parts[0] == "layers" else None
+
+
+def init_weights(model: Model, path: Path) -> list[int]:
     """Start `model` from another drafter's weights: a drafter folder or a checkpoint.
 
-    Shapes must match (same target and layer count); block size and draft vocabulary may
-    differ, since neither changes a weight.
+    Shapes must match (same target); block size and draft vocabulary may differ, since
+    neither changes a weight. `model` may have more layers than the donor: the extra
+    ones come last and start as the identity (their attention and MLP output
+    projections are zero), so the grown drafter begins exactly where the donor stood
+    and training decides what the new layers add. Returns the new layers' indices.
     """
     files = (
         [path]
@@ -115,19 +123,33 @@ def init_weights(model: Model, path: Path):
         )
     mine = dict(tree_flatten(model.parameters()))
     theirs = {k: v for k, v in read_safetensors(file).items() if k != "draft_vocab"}
+    donor_layers = 1 + max(
+        (i for i in map(_layer_index, theirs) if i is not None), default=-1
+    )
+    new = list(range(donor_layers, len(model.layers)))
     bad = sorted(
         k for k, v in theirs.items() if k not in mine or mine[k].shape != v.shape
     )
-    missing = sorted(k for k in mine if k not in theirs and k != "draft_vocab")
-    if bad or missing:
+    missing = sorted(
+        k
+        for k in mine
+        if k not in theirs and k != "draft_vocab" and _layer_index(k) not in new
+    )
+    if bad or missing or donor_layers == 0:
         raise ValueError(
             f"--init-from {path} does not fit this drafter (differs in "
-            f"{(bad + missing)[:3]}): use the same target and --draft-layers."
+            f"{(bad + missing)[:3]}): use the same target, and --draft-layers at "
+            "least the donor's."
         )
     model.load_weights(
         [(k, v.astype(mine[k].dtype)) for k, v in theirs.items()], strict=False
     )
+    for i in new:
+        layer = model.layers[i]
+        layer.self_attn.o_proj.weight = mx.zeros_like(layer.self_attn.o_proj.weight)
+        layer.mlp.down_proj.weight = mx.zeros_like(layer.mlp.down_proj.weight)
     mx.eval(model.parameters())
+    return new
 
 
 def save_weights(model: Model, file: Path, dtype=None, exclude: tuple = ()):

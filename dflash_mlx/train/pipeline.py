@@ -178,7 +178,7 @@ def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
     samples = yield from _data(opts, model, tokenizer, train_prompts, out / "data")
     target = Target(model, args.target_layer_ids)
     store = yield from _features(opts, target, samples, out / "features")
-    draft = _drafter(opts, args, samples)
+    draft, grown = _drafter(opts, args, samples)
     val_ids = [encode_chat(tokenizer, p.messages) for p in val_prompts]
     trainer = Trainer(
         target, draft, tokenizer, samples, store, opts.train, out, val_ids
@@ -188,7 +188,8 @@ def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
         "train",
         f"{len(samples)} samples, steps {start}→{trainer.total}, "
         f"{opts.draft_layers} layers, block {opts.block_size}, "
-        f"target layers {args.target_layer_ids}",
+        f"target layers {args.target_layer_ids}"
+        + (f"; new layers {grown} start as the identity" if grown else ""),
     )
     if start >= trainer.total:  # finished before: measure what the export ships
         ev = trainer.validate()
@@ -248,20 +249,20 @@ def _features(opts: TrainOptions, target, samples, folder: Path):
 
 
 def _drafter(opts: TrainOptions, args, samples):
-    """The drafter to train: fresh or --init-from's weights, with its draft
-    vocabulary chosen from these responses (the head is the target's, frozen, so
-    a new vocabulary loses nothing trained)."""
+    """The drafter to train (fresh or --init-from's weights, with its draft
+    vocabulary chosen from these responses: the head is the target's, frozen, so
+    a new vocabulary loses nothing trained) and the layers the donor lacked."""
     if opts.draft_vocab:
         vocab = select_draft_vocab(
             (s.response for s in samples), (s.prompt for s in samples), opts.draft_vocab
         )
         args.draft_vocab_size = len(vocab)
-    draft = new_drafter(args, opts.train.seed)
+    draft, grown = new_drafter(args, opts.train.seed), []
     if opts.init_from:
-        init_weights(draft, Path(opts.init_from))
+        grown = init_weights(draft, Path(opts.init_from))
     if opts.draft_vocab:
         draft.draft_vocab = mx.array(vocab, dtype=mx.int32)
-    return draft
+    return draft, grown
 
 
 def _model_card(opts: TrainOptions, trainer, samples: int, val_prompts: int, tau):
