@@ -53,22 +53,17 @@ def test_loss_weights_follow_the_paper(B, gamma):
 
 def test_mask_blocks_see_only_their_past_context_and_themselves():
     anchors, B, C = np.array([3, 5, 9]), 4, 9
-    m = np.array(packed_mask(anchors, B, C))
-    assert m.shape == (12, C + 12)
+    m = packed_mask(anchors, B, C)
+    ctx = np.array(m.context)
+    assert ctx.shape == (12, C) and m.block is None  # the whole own block, no other
     for i, a in enumerate(anchors):
         for j in range(B):
-            row = m[i * B + j]
-            assert row[:C].tolist() == [k < a for k in range(C)]
-            own = [C + i * B + jj for jj in range(B)]
-            assert row[own].all()
-            others = [c for c in range(C, C + 12) if c not in own]
-            assert not row[others].any()
-    causal = np.array(packed_mask(anchors, B, C, causal=True, window=4))
-    row = causal[
-        1 * B + 2
-    ]  # block at 5, query at position 7: context 4 only (< 5, window 4)
-    assert row[:C].tolist() == [k == 4 for k in range(C)]
-    assert row[C + B : C + 2 * B].tolist() == [True, True, True, False]
+            assert ctx[i * B + j].tolist() == [k < a for k in range(C)]
+    causal = packed_mask(anchors, B, C, causal=True, window=4)
+    row = np.array(causal.context)[1 * B + 2]
+    # block at 5, query at position 7: context 4 only (< 5, window 4)
+    assert row.tolist() == [k == 4 for k in range(C)]
+    assert np.array(causal.block)[2].tolist() == [True, True, True, False]
 
 
 @pytest.fixture(scope="module")

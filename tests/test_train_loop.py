@@ -309,8 +309,8 @@ def test_sliding_window_drafters_keep_the_block_bidirectional(setup):
         False,
     )
     masks = layer_masks(new_drafter(args), np.array([20]), 8, 20)  # one block at 20
-    mask = np.array(masks["sliding_attention"])
-    assert mask[:, 20:].all()  # every block position sees the whole block
+    mask = np.array(masks["sliding_attention"].context)
+    assert masks["sliding_attention"].block is None  # each sees its whole block
     assert mask[0, 9:20].all() and not mask[0, :9].any()  # and 11 context positions
     assert mask[7, 16:20].all() and not mask[7, :16].any()  # within 12 of itself
     with pytest.raises(ValueError, match="--sliding-window 8 must exceed"):

@@ -1,5 +1,5 @@
 """Training blocks: random anchors in a response, block inputs/labels/weights, and the
-block-sparse mask that packs all blocks of a sequence into one attention call.
+masks that pack all blocks of a sequence into one attention call.
 
 Block i starts at anchor a_i: inputs [token a_i, MASK × (B−1)] at positions
 a_i..a_i+B−1, labels tokens a_i+1..a_i+B−1. It sees target features of positions < a_i
@@ -8,6 +8,7 @@ inference.
 """
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import mlx.core as mx
 import numpy as np
@@ -73,29 +74,30 @@ def make_blocks(
     return Blocks(anchors, inputs, labels, weights)
 
 
+class PackedMask(NamedTuple):
+    """What the packed blocks' queries may see: `context` (n·B, C) over the shared
+    context keys, `block` (B, B) inside each query's own block (None: all of it)."""
+
+    context: mx.array
+    block: mx.array | None
+
+
 def packed_mask(
     anchors,
     block_size: int,
     context_len: int,
     causal: bool = False,
     window: int | None = None,
-) -> mx.array:
-    """Boolean mask (n·B, context_len + n·B): True where a block query may attend.
-
-    Keys are [context 0..context_len−1 ; block 0 ; block 1 ; …]. Block i sees context
-    positions < a_i (within `window` of the query for sliding layers) and its own block
-    (only earlier-or-equal positions when `causal`).
-    """
+) -> PackedMask:
+    """Block i sees context positions < a_i (within `window` of the query for sliding
+    layers) and its own block (only earlier-or-equal positions when `causal`); never
+    another block, so the block keys need no mask across blocks at all."""
     a = np.asarray(anchors, dtype=np.int64)
-    n, B = len(a), block_size
+    B = block_size
     q_pos = (a[:, None] + np.arange(B)[None]).reshape(-1)  # absolute query positions
-    q_blk = np.repeat(np.arange(n), B)
     k_ctx = np.arange(context_len)[None]
     ctx = k_ctx < np.repeat(a, B)[:, None]
     if window is not None:
         ctx &= (q_pos[:, None] - k_ctx) < window
-    k_blk = np.repeat(np.arange(n), B)[None]
-    own = q_blk[:, None] == k_blk
-    if causal:
-        own &= np.tile(np.arange(B), n)[None] <= np.tile(np.arange(B), n)[:, None]
-    return mx.array(np.concatenate([ctx, own], axis=1))
+    own = mx.array(np.tril(np.ones((B, B), dtype=bool))) if causal else None
+    return PackedMask(mx.array(ctx), own)

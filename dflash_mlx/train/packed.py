@@ -2,8 +2,10 @@
 
 It runs the submodules of `draft.Model` (fc, hidden_norm, layers, norm) in the same
 order and with the same math as inference (`absorb` then `__call__`), so trained
-weights drop into `draft.Model` unchanged; only the attention is packed: queries from
-all blocks, keys/values [context ; all blocks], and a block-sparse mask.
+weights drop into `draft.Model` unchanged; only the attention is packed. Every block's
+queries score the shared context keys in one product and their own block's keys in a
+batched one, under one softmax: the cost grows with blocks × (context + block size),
+not with blocks × (context + all blocks) as one masked attention over every key would.
 """
 
 import mlx.core as mx
@@ -12,7 +14,7 @@ import numpy as np
 
 from ..draft import Model as DraftModel
 from ..draft_head import DraftHead
-from .blocks import Blocks, packed_mask
+from .blocks import Blocks, PackedMask, packed_mask
 
 
 def _heads(x: mx.array, proj, norm, n: int, rope, offset) -> mx.array:
@@ -24,27 +26,32 @@ def _heads(x: mx.array, proj, norm, n: int, rope, offset) -> mx.array:
     return rope(y, offset=offset) if rope is not None else y
 
 
-def _pack(x: mx.array) -> mx.array:
-    """(n, H, B, D) → (1, H, n·B, D): all blocks in one sequence, block-major."""
-    n, H, B, D = x.shape
-    return x.transpose(1, 0, 2, 3).reshape(1, H, n * B, D)
-
-
-def _attention(attn, x: mx.array, ctx: mx.array, offsets: mx.array, mask: mx.array):
+def _attention(attn, x: mx.array, ctx: mx.array, offsets: mx.array, mask: PackedMask):
     n, B, _ = x.shape
-    q = _heads(x, attn.q_proj, attn.q_norm, attn.n_heads, attn.rope, offsets)
-    kb = _heads(x, attn.k_proj, attn.k_norm, attn.n_kv_heads, attn.rope, offsets)
-    vb = _heads(x, attn.v_proj, None, attn.n_kv_heads, None, None)
-    kc = _heads(ctx, attn.k_proj, attn.k_norm, attn.n_kv_heads, attn.rope, 0)
-    vc = _heads(ctx, attn.v_proj, None, attn.n_kv_heads, None, None)
-    keys = mx.concatenate([kc, _pack(kb)], axis=2)
-    values = mx.concatenate([vc, _pack(vb)], axis=2)
-    out = mx.fast.scaled_dot_product_attention(
-        _pack(q), keys, values, scale=attn.scale, mask=mask
-    )
-    H, D = out.shape[1], out.shape[3]
-    out = out.reshape(H, n, B, D).transpose(1, 2, 0, 3).reshape(n, B, H * D)
-    return attn.o_proj(out)
+    H, Hkv = attn.n_heads, attn.n_kv_heads
+    r = H // Hkv  # query heads per key/value head, as in grouped-query attention
+    q = _heads(x, attn.q_proj, attn.q_norm, H, attn.rope, offsets) * attn.scale
+    kb = _heads(x, attn.k_proj, attn.k_norm, Hkv, attn.rope, offsets)[:, :, None]
+    vb = _heads(x, attn.v_proj, None, Hkv, None, None)[:, :, None]
+    kc = _heads(ctx, attn.k_proj, attn.k_norm, Hkv, attn.rope, 0)[0][:, None]
+    vc = _heads(ctx, attn.v_proj, None, Hkv, None, None)[0][:, None]
+    D, C = q.shape[-1], kc.shape[2]
+    q = q.reshape(n, Hkv, r, B, D)
+
+    def to_rows(t):  # (n, Hkv, r, B, ·) -> (Hkv, r, n·B, ·): all queries in a row
+        return t.transpose(1, 2, 0, 3, 4).reshape(Hkv, r, n * B, -1)
+
+    def to_blocks(t):  # the inverse
+        return t.reshape(Hkv, r, n, B, -1).transpose(2, 0, 1, 3, 4)
+
+    never = mx.array(-mx.inf, dtype=q.dtype)
+    on_ctx = mx.where(mask.context, to_rows(q) @ kc.swapaxes(-1, -2), never)
+    on_own = q @ kb.swapaxes(-1, -2)
+    if mask.block is not None:
+        on_own = mx.where(mask.block, on_own, never)
+    p = mx.softmax(mx.concatenate([on_ctx, to_rows(on_own)], -1), -1, precise=True)
+    out = to_blocks(p[..., :C] @ vc) + to_blocks(p[..., C:]) @ vb
+    return attn.o_proj(out.transpose(0, 3, 1, 2, 4).reshape(n, B, H * D))
 
 
 def layer_masks(
