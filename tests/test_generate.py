@@ -171,6 +171,45 @@ def test_interrupted_generation_leaves_a_consistent_cache(loaded, family):
     assert out == plain(model, tok, follow, 12)
 
 
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_plain_steps_end_with_nothing_left_in_flight(loaded, family):
+    """Plain steps ending on a stop token, on the budget or by an early close leave
+    the caches holding exactly the committed tokens, and a next turn matches a fresh
+    run."""
+    from dflash_mlx.engine import generate_blocks
+    from dflash_mlx.target import Target
+    from dflash_mlx.verify import SamplingParams
+
+    model, tok, draft = loaded(family)
+    prompt = long_prompt(model, tok)
+    ref = plain(model, tok, prompt, 40)
+    stop = next(i for i, t in enumerate(ref) if i >= 5 and t not in ref[:i])
+    target = Target(model, draft.args.target_layer_ids)
+
+    def consistent(cache, got):
+        assert cache.tokens == prompt + got[:-1]
+        assert all(c.offset == len(cache.tokens) for c in cache.draft)
+        follow = prompt + got
+        out, _ = spec(model, draft, tok, follow, max_tokens=8, prompt_cache=cache)
+        assert out == plain(model, tok, follow, 8)
+
+    for stops, budget, close_after in (
+        (frozenset({ref[stop]}), 40, None),  # ends on a stop token
+        (frozenset(), 7, None),  # ends on the budget
+        (frozenset(), 40, 6),  # the consumer closes it
+    ):
+        cache = make_prompt_cache(model, draft)
+        gen = generate_blocks(
+            target, draft, prompt, cache, SamplingParams(), 1, budget, stops
+        )
+        blocks = list(zip(range(close_after or budget + 1), gen, strict=False))
+        gen.close()
+        got = [t for _, b in blocks for t in b.tokens]
+        want = ref[: stop + 1] if stops else ref[: close_after or budget]
+        assert got == want
+        consistent(cache, got)
+
+
 def test_response_fields(loaded):
     model, tok, draft = loaded("llama")
     prompt = long_prompt(model, tok)
