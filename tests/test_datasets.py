@@ -144,8 +144,9 @@ def test_code_train_prompts_are_not_the_benchmarks():
 
 
 def test_chat_train_prompts_are_not_mt_bench():
-    """Distinct general-chat prompts, none of them an MT-Bench turn (and the bundled
-    file is what examples/make_chat_prompts.py writes)."""
+    """Distinct general-chat prompts in both sets, none shared and none of them an
+    MT-Bench turn (and the bundled files are what examples/make_chat_prompts.py
+    writes)."""
     import gzip
     import importlib.util
     import json
@@ -154,14 +155,23 @@ def test_chat_train_prompts_are_not_mt_bench():
     from dflash_mlx.datasets import DATA_DIR, bundled
     from dflash_mlx.train.data import load_prompts
 
-    prompts = [p.messages[0]["content"] for p in load_prompts("bundled:chat-train")]
-    assert len(set(prompts)) == len(prompts) == 1200
+    sets = {
+        name: [p.messages[0]["content"] for p in load_prompts(f"bundled:{name}")]
+        for name in ("chat-train", "chat-train-2")
+    }
+    first, second = sets["chat-train"], sets["chat-train-2"]
+    assert len(set(first)) == len(first) == 1200
+    assert len(set(second)) == len(second) == 1200 and not set(first) & set(second)
     turns = {t for s in bundled("mt-bench") for t in s.turns}
-    assert not set(prompts) & turns
+    assert not (set(first) | set(second)) & turns
     script = Path(__file__).parents[1] / "examples" / "make_chat_prompts.py"
     spec = importlib.util.spec_from_file_location("make_chat_prompts", script)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    rows = [json.loads(line) for line in gzip.open(DATA_DIR / "train_chat.jsonl.gz")]
-    expected = [r.format(t) for r in module.REQUESTS for t in module.TOPICS]
-    assert [r["prompt"] for r in rows] == expected
+    for file, topics in (
+        ("train_chat.jsonl.gz", module.TOPICS),
+        ("train_chat_2.jsonl.gz", module.MORE_TOPICS),
+    ):
+        rows = [json.loads(line) for line in gzip.open(DATA_DIR / file)]
+        expected = [r.format(t) for r in module.REQUESTS for t in topics]
+        assert [r["prompt"] for r in rows] == expected

@@ -19,6 +19,7 @@ BUNDLED = {
     "mbpp-train": ("train_mbpp.jsonl.gz", lambda r: r["prompt"]),
     "code-train": ("train_code.jsonl.gz", lambda r: r["prompt"]),
     "chat-train": ("train_chat.jsonl.gz", lambda r: r["prompt"]),
+    "chat-train-2": ("train_chat_2.jsonl.gz", lambda r: r["prompt"]),
 }
 
 
@@ -54,8 +55,8 @@ def _record_messages(r, where: str) -> list:
 
 
 def load_prompts(spec: str) -> list[Prompt]:
-    """`bundled:NAME` (gsm8k-train, mbpp-train, code-train, chat-train) or a
-    .jsonl(.gz) file."""
+    """`bundled:NAME` (gsm8k-train, mbpp-train, code-train, chat-train,
+    chat-train-2) or a .jsonl(.gz) file."""
     if spec.startswith("bundled:"):
         name = spec.split(":", 1)[1]
         if name not in BUNDLED:
