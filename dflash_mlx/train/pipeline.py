@@ -189,7 +189,9 @@ def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
         f"{len(samples)} samples, steps {start}→{trainer.total}, "
         f"{opts.draft_layers} layers, block {opts.block_size}, "
         f"target layers {args.target_layer_ids}"
-        + (f"; new layers {grown} start as the identity" if grown else ""),
+        + (
+            f"; new layers {grown} start as the identity" if grown and not start else ""
+        ),
     )
     if start >= trainer.total:  # finished before: measure what the export ships
         ev = trainer.validate()
