@@ -75,8 +75,10 @@ MORE_TOPICS = (
     "the Milky Way", "moving to a new city",
 )  # fmt: skip
 
-SETS = {"train_chat.jsonl.gz": ("chat-train", TOPICS)}
-SETS["train_chat_2.jsonl.gz"] = ("chat-train-2", MORE_TOPICS)
+SETS = {  # file -> (set name, topics)
+    "train_chat.jsonl.gz": ("chat-train", TOPICS),
+    "train_chat_2.jsonl.gz": ("chat-train-2", MORE_TOPICS),
+}
 
 REQUESTS = (
     "Write a short blog post about {}, with a catchy title.",
