@@ -116,11 +116,14 @@ def timings_file(folder: Path, target: str, draft: str) -> Path:
 
     from . import __version__
     from .bench.environment import cpu_name, detect_blas
+    from .kernels import for_device
 
+    kernels = for_device()
     key = {
         "cpu": cpu_name(),
         "device": str(mx.default_device()),
         "blas": detect_blas(),
+        "kernels": f"{kernels.name}/{kernels.linear.__name__}",
         "mlx": version("mlx"),
         "dflash_mlx": __version__,
         "target": str(target),

@@ -13,6 +13,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
 
 from . import cpu_ops
+from .cpu_gemm import apply_linear
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -63,9 +64,10 @@ class ForwardTables:
 class CpuBlock:
     """Stands in for one mlx-lm standard block; same inputs, same output."""
 
-    def __init__(self, layer: nn.Module, tables: ForwardTables):
+    def __init__(self, layer: nn.Module, tables: ForwardTables, linear=apply_linear):
         self.layer = layer
         self.tables = tables
+        self.linear = linear  # the MLP's projections (see kernels.Kernels.linear)
 
     def __getattr__(self, name):
         return getattr(self.__dict__["layer"], name)
@@ -95,12 +97,13 @@ class CpuBlock:
         out = cpu_ops.attention(q, k, v, attn.scale, mask)
         h = x + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
         y = layer.post_attention_layernorm(h)
-        return h + mlp.down_proj(cpu_ops.swiglu(mlp.gate_proj(y), mlp.up_proj(y)))
+        gate, up = self.linear(mlp.gate_proj, y), self.linear(mlp.up_proj, y)
+        return h + self.linear(mlp.down_proj, cpu_ops.swiglu(gate, up))
 
 
-def cpu_blocks(model_type: str, layers: list) -> list | None:
+def cpu_blocks(model_type: str, layers: list, linear=apply_linear) -> list | None:
     """CpuBlocks for every layer of a standard-family target; None unless all fit."""
     if model_type not in FAMILIES or not all(is_standard_block(la) for la in layers):
         return None
     tables = ForwardTables(shared_rope(layers))
-    return [CpuBlock(layer, tables) for layer in layers]
+    return [CpuBlock(layer, tables, linear) for layer in layers]

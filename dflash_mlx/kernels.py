@@ -1,7 +1,9 @@
 """The few ops whose kernels differ by device, chosen once per target or drafter.
 
 MLX's own ops everywhere, except on the CPU where MLX can compile them: there `cpu_ops`'
-fused exp makes softmax, SwiGLU and small-block attention cheaper (see cpu_ops.py).
+fused exp makes softmax, SwiGLU and small-block attention cheaper (see cpu_ops.py), and
+on an OpenBLAS with small-matrix kernels the target's 1-2 token products run on them
+(see cpu_gemm.py).
 """
 
 from collections.abc import Callable
@@ -9,6 +11,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from .cpu_gemm import apply_linear, blocked_linear, small_kernels
 
 
 @dataclass(frozen=True)
@@ -20,6 +24,8 @@ class Kernels:
     attention: Callable[..., mx.array]
     # target blocks on cpu_blocks.py, qwen3_5 recurrent mixers on cpu_delta.py
     cpu_blocks: bool
+    # (linear layer or tied embedding, x): the target's MLP projections and LM head
+    linear: Callable[[nn.Module, mx.array], mx.array] = apply_linear
 
 
 def _mlx_attention(q, k, v, scale, mask=None):
@@ -47,5 +53,6 @@ def for_device(device: mx.Device | None = None) -> Kernels:
             softmax=cpu_ops.softmax,
             attention=cpu_ops.attention,
             cpu_blocks=True,
+            linear=blocked_linear if small_kernels() else apply_linear,
         )
     return MLX

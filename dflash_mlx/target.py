@@ -270,7 +270,8 @@ class Target:
 
         blocks = None
         if self.kernels.cpu_blocks:
-            blocks = cpu_blocks(self.model_type, [la for la in self.layers if la])
+            layers = [la for la in self.layers if la]
+            blocks = cpu_blocks(self.model_type, layers, self.kernels.linear)
         self.cpu_blocks = blocks is not None  # standard blocks on cpu_ops' kernels
         pending = iter(blocks or ())
         taps = [
@@ -327,8 +328,8 @@ class Target:
         """The target's LM head on final-normed hidden states."""
         head = getattr(self.lm, "lm_head", None)
         if head is None:
-            return self.softcapped(self.embed_tokens.as_linear(hidden))
-        logits = head(hidden)
+            return self.softcapped(self.kernels.linear(self.embed_tokens, hidden))
+        logits = self.kernels.linear(head, hidden)
         group = getattr(self.lm, "sharding_group", None)
         if group is not None:  # a sharded head holds a slice of the vocabulary
             from mlx_lm.models.base import gather_last_axis

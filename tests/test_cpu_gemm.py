@@ -1,0 +1,148 @@
+"""cpu_gemm: row-blocked 1-2 token products equal the whole ones, on any CPU."""
+
+import dataclasses
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+import tiny
+from mlx_lm.models.cache import make_prompt_cache
+from numerics import assert_close
+
+from dflash_mlx import Target, cpu_gemm, cpu_ops, kernels, load
+from dflash_mlx.cpu_gemm import (
+    PRODUCT_LIMIT,
+    VOLUME_LIMIT,
+    apply_linear,
+    block_rows,
+    blocked_linear,
+    has_small_kernels,
+)
+
+SKYLAKE_CONFIG = (
+    "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64"
+)
+
+
+@pytest.mark.parametrize(
+    "shape, tokens, rows",
+    [
+        ((1536, 576), 1, 768),  # the demo target's gate/up: two blocks
+        ((49152, 576), 1, 1199),  # its LM head: 41 equal blocks
+        ((49152, 576), 2, 600),
+        ((576, 1536), 1, None),  # down_proj already fits the small kernel
+        ((576, 576), 1, None),
+        ((1536, 576), 3, None),  # 3+ tokens: blocks cost more than they save
+        ((100, 20_000), 1, 50),  # long rows: the volume limit decides
+    ],
+)
+def test_block_rows_examples(shape, tokens, rows):
+    assert block_rows(*shape, tokens) == rows
+
+
+def test_blocks_fit_the_small_kernels_and_are_balanced():
+    for out_rows in (577, 1201, 1536, 3000, 49152, 151_936):
+        for in_features in (64, 576, 896, 1536, 4096):
+            for tokens in (1, 2):
+                rows = block_rows(out_rows, in_features, tokens)
+                if rows is None:
+                    fits = PRODUCT_LIMIT // tokens >= out_rows and (
+                        VOLUME_LIMIT // (tokens * in_features) >= out_rows
+                    )
+                    assert fits or VOLUME_LIMIT < tokens * in_features
+                    continue
+                assert rows < out_rows
+                assert rows * tokens <= PRODUCT_LIMIT
+                assert rows * tokens * in_features <= VOLUME_LIMIT
+                blocks = -(-out_rows // rows)
+                fits = min(
+                    PRODUCT_LIMIT // tokens, VOLUME_LIMIT // (tokens * in_features)
+                )
+                assert blocks == -(-out_rows // fits)  # as few as the limits allow
+                assert out_rows - (blocks - 1) * rows > rows - blocks  # no sliver
+
+
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("x_shape", [(1, 1, 96), (1, 2, 96), (2, 1, 96), (96,)])
+def test_blocked_linear_equals_the_layer(bias, x_shape):
+    layer = nn.Linear(96, 3001, bias=bias)  # 3001 rows: a short last block
+    x = mx.random.normal(x_shape)
+    assert block_rows(3001, 96, x.size // 96) is not None
+    got, want = blocked_linear(layer, x), layer(x)
+    assert got.shape == want.shape
+    assert mx.allclose(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_blocked_linear_on_a_tied_embedding():
+    embed = nn.Embedding(5000, 64)
+    x = mx.random.normal((1, 1, 64))
+    assert mx.allclose(blocked_linear(embed, x), embed.as_linear(x), atol=1e-5)
+    assert mx.array_equal(apply_linear(embed, x), embed.as_linear(x))
+
+
+def test_other_layers_keep_their_own_call():
+    class Sharded(nn.Linear):  # as mlx-lm's sharded layers: collectives in __call__
+        def __call__(self, x):
+            return super().__call__(x) + 1.0
+
+    x = mx.random.normal((1, 1, 64))
+    sharded = Sharded(64, 3000, bias=False)
+    assert mx.array_equal(blocked_linear(sharded, x), sharded(x))
+    quantized = nn.QuantizedLinear(64, 3000, bias=False)
+    assert mx.array_equal(blocked_linear(quantized, x), quantized(x))
+    half = nn.Linear(64, 3000)
+    half.set_dtype(mx.float16)  # not a float32 BLAS product
+    x16 = x.astype(mx.float16)
+    assert mx.array_equal(blocked_linear(half, x16), half(x16))
+    wide = nn.Linear(64, 3000)
+    x3 = mx.random.normal((1, 3, 64))
+    assert mx.array_equal(blocked_linear(wide, x3), wide(x3))
+
+
+@pytest.mark.parametrize(
+    "corename, config, expected",
+    [
+        ("SkylakeX", SKYLAKE_CONFIG, True),
+        ("Cooperlake", SKYLAKE_CONFIG, True),
+        ("SapphireRapids", "OpenBLAS 0.3.28 DYNAMIC_ARCH", True),
+        ("Haswell", SKYLAKE_CONFIG, False),  # AVX2 cores: no small kernels
+        ("Zen", "OpenBLAS 0.3.21 DYNAMIC_ARCH Zen", False),
+        ("SkylakeX", "OpenBLAS 0.3.15 DYNAMIC_ARCH", False),  # before they existed
+        ("SkylakeX", "OpenBLAS x.y DYNAMIC_ARCH", False),
+        ("SkylakeX", "MKL 2026", False),
+        (None, SKYLAKE_CONFIG, False),
+        ("SkylakeX", None, False),
+    ],
+)
+def test_has_small_kernels(corename, config, expected):
+    assert has_small_kernels(corename, config) is expected
+
+
+@pytest.mark.skipif(not cpu_ops.available(), reason="MLX cannot compile CPU kernels")
+def test_cpu_kernels_block_products_only_on_small_kernel_openblas():
+    chosen = kernels.for_device(mx.cpu).linear
+    assert chosen is (blocked_linear if cpu_gemm.small_kernels() else apply_linear)
+    assert kernels.MLX.linear is apply_linear
+
+
+@pytest.mark.skipif(not cpu_ops.available(), reason="MLX cannot compile CPU kernels")
+@pytest.mark.parametrize("family", ["llama", "qwen2"])
+def test_target_with_blocked_products_equals_mlx_lm(models_dir, family):
+    """Tied (llama) and separate (qwen2, with q/k/v biases) heads, MLP rows and the
+    vocabulary both past one block: decode and verify sizes give mlx-lm's logits."""
+    path = models_dir / f"{family}-blocked-gemm"
+    if not path.exists():
+        tiny.make_target(path, family, vocab_size=2500, intermediate_size=1300)
+    model, _ = load(str(path))
+    blocked = dataclasses.replace(kernels.for_device(mx.cpu), linear=blocked_linear)
+    target = Target(model, kernels=blocked)
+    assert target.cpu_blocks
+    ours, theirs = target.make_cache(), make_prompt_cache(model)
+    prompt = mx.array([[5, 17, 99, 3, 42, 42, 7]])
+    target(prompt, ours)
+    model(prompt, cache=theirs)
+    for block in (1, 2, 1, 3, 2):
+        tokens = (mx.arange(block) * 11 + block)[None] % 250
+        hidden, _ = target(tokens, ours)
+        depth = target.num_layers + 1
+        assert_close(target.logits(hidden), model(tokens, cache=theirs), depth, family)
