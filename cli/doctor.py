@@ -39,6 +39,20 @@ def _cpu_kernels(mx) -> tuple[str, list]:
     ]
 
 
+def _small_products(mx) -> str:
+    """How the target's 1-2 token products run (see dflash_mlx/cpu_gemm.py)."""
+    from dflash_mlx import cpu_gemm, cpu_ops
+
+    if mx.default_device() != mx.cpu or not cpu_ops.available():
+        return "whole (MLX's own kernels)"
+    core = cpu_gemm.openblas_core()
+    if cpu_gemm.small_kernels():
+        return f"row blocks on OpenBLAS's small-matrix kernels ({core})"
+    if core:
+        return f"whole (OpenBLAS's {core} kernels have no small-matrix path)"
+    return "whole (not an OpenBLAS with small-matrix kernels)"
+
+
 def collect(matmul_size: int = 1024, model: str | None = None, group=None) -> dict:
     """Everything doctor reports, as plain data (also what `--json` prints)."""
     import mlx.core as mx
@@ -67,6 +81,7 @@ def collect(matmul_size: int = 1024, model: str | None = None, group=None) -> di
     if group is not None:
         report["distributed"] = {**group.describe(), "rank": group.rank}
     report["cpu_kernels"], fixes = _cpu_kernels(mx)
+    report["small_products"] = _small_products(mx)
     report["fixes"] += fixes
     try:
         report["default_target"] = defaults.default_target()
@@ -146,6 +161,7 @@ def render(report: dict):
         ("OpenBLAS installed", report["openblas_installed"] or "no"),
         (f"Matmul {report['matmul_size']}² f32", speed),
         ("Attention kernels", report["cpu_kernels"]),
+        ("1-2 token products", report["small_products"]),
         ("Distributed", _group_text(report["distributed"])),
         ("Default target", report["default_target"] or "[red]missing[/red]"),
         ("Default drafter", report["default_draft"] or "[yellow]none[/yellow]"),

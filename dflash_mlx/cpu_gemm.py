@@ -100,12 +100,15 @@ def _openblas_string(name: str) -> str | None:
     return value.decode(errors="replace") if value else None
 
 
+def openblas_core() -> str | None:
+    """The core the OpenBLAS of this process runs (e.g. SkylakeX, Haswell, Zen); None
+    without one whose symbols it can see (a preloaded OpenBLAS exports them; the
+    reference BLAS, Accelerate and MKL do not)."""
+    return _openblas_string("openblas_get_corename")
+
+
 @cache
 def small_kernels() -> bool:
     """True when MLX's matmuls in this process reach an OpenBLAS with small-matrix
-    kernels (a preloaded OpenBLAS exports its name and version; the reference BLAS,
-    Accelerate and MKL do not)."""
-    return has_small_kernels(
-        _openblas_string("openblas_get_corename"),
-        _openblas_string("openblas_get_config"),
-    )
+    kernels."""
+    return has_small_kernels(openblas_core(), _openblas_string("openblas_get_config"))

@@ -112,6 +112,7 @@ def test_doctor_cli():
         "GFLOP/s",
         "MLX / mlx-lm",
         "Attention kernels",
+        "1-2 token products",
         "Default target",
         "Default drafter",
     ]:
@@ -133,6 +134,10 @@ def test_doctor_json():
 
         assert report["cpu_kernels"].startswith("fused") == cpu_ops.available()
         assert cpu_ops.available() or any("C++ compiler" in f for f in report["fixes"])
+        from dflash_mlx import cpu_gemm
+
+        blocked = report["small_products"].startswith("row blocks")
+        assert blocked == (cpu_ops.available() and cpu_gemm.small_kernels())
     if sys.platform.startswith("linux") and not report["blas"].startswith(
         ("OpenBLAS", "MKL")
     ):
