@@ -13,7 +13,7 @@ import mlx.nn as nn
 from mlx_lm.models.base import create_causal_mask
 
 from . import cpu_ops
-from .cpu_gemm import apply_linear
+from .kernels import Kernels
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -64,10 +64,10 @@ class ForwardTables:
 class CpuBlock:
     """Stands in for one mlx-lm standard block; same inputs, same output."""
 
-    def __init__(self, layer: nn.Module, tables: ForwardTables, linear=apply_linear):
+    def __init__(self, layer: nn.Module, tables: ForwardTables, kernels: Kernels):
         self.layer = layer
         self.tables = tables
-        self.linear = linear  # the MLP's projections (see kernels.Kernels.linear)
+        self.kernels = kernels  # the MLP's products (Kernels.linear, .linear_pair)
 
     def __getattr__(self, name):
         return getattr(self.__dict__["layer"], name)
@@ -97,13 +97,13 @@ class CpuBlock:
         out = cpu_ops.attention(q, k, v, attn.scale, mask)
         h = x + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
         y = layer.post_attention_layernorm(h)
-        gate, up = self.linear(mlp.gate_proj, y), self.linear(mlp.up_proj, y)
-        return h + self.linear(mlp.down_proj, cpu_ops.swiglu(gate, up))
+        gate, up = self.kernels.linear_pair(mlp.gate_proj, mlp.up_proj, y)
+        return h + self.kernels.linear(mlp.down_proj, cpu_ops.swiglu(gate, up))
 
 
-def cpu_blocks(model_type: str, layers: list, linear=apply_linear) -> list | None:
+def cpu_blocks(model_type: str, layers: list, kernels: Kernels) -> list | None:
     """CpuBlocks for every layer of a standard-family target; None unless all fit."""
     if model_type not in FAMILIES or not all(is_standard_block(la) for la in layers):
         return None
     tables = ForwardTables(shared_rope(layers))
-    return [CpuBlock(layer, tables, linear) for layer in layers]
+    return [CpuBlock(layer, tables, kernels) for layer in layers]

@@ -10,6 +10,9 @@ turns the 1,536-row MLP projections and the 49,152-row LM head into a few such p
 (row slices of a row-major matrix are views, so nothing is copied). Measured on the
 demo target: MLP gate + up of 30 layers 20.1 -> 16.7 ms, the LM head 8.9 -> 6.8 ms at
 one token; at 3+ tokens the blocks cost more than they save, so those stay whole.
+Small-matrix kernels run on one core each, so independent products go to a second CPU
+stream (`side_stream`): the MLP's up projection beside its gate, half of the LM head's
+blocks beside the other half. Plain step 53.6 -> 47.2 ms.
 
 `small_kernels()` says whether the OpenBLAS this process calls has those kernels;
 `kernels.for_device` uses `blocked_linear` only then. The results equal the whole
@@ -25,6 +28,7 @@ import mlx.nn as nn
 PRODUCT_LIMIT = 1200  # out_rows x tokens of OpenBLAS's small "tn" kernel
 VOLUME_LIMIT = 1_000_000  # out_rows x tokens x in_features
 MAX_TOKENS = 2  # measured: at 3 tokens blocks break even, at 4 they lose
+SPLIT_BLOCKS = 4  # products of this many blocks or more split across two streams
 # OpenBLAS cores whose kernels include the small-matrix ones (kernel/x86_64/KERNEL.*)
 SMALL_KERNEL_CORES = ("skylakex", "cooperlake", "sapphirerapids")
 SMALL_KERNEL_VERSION = (0, 3, 16)
@@ -57,20 +61,57 @@ def block_rows(out_rows: int, in_features: int, tokens: int) -> int | None:
     return -(-out_rows // blocks)
 
 
-def blocked_linear(module: nn.Module, x: mx.array) -> mx.array:
-    """`apply_linear(module, x)`, as row blocks of the weight when that pays."""
+def _small_weight(module: nn.Module, x: mx.array) -> mx.array | None:
+    """The weight of a dense float32 layer applied to 1-2 tokens; else None."""
     weight = _dense_weight(module)
-    if weight is None or weight.dtype != mx.float32:
+    tokens = x.size // max(x.shape[-1], 1)
+    if weight is None or weight.dtype != mx.float32 or tokens > MAX_TOKENS:
+        return None
+    return weight
+
+
+def blocked_linear(module: nn.Module, x: mx.array) -> mx.array:
+    """`apply_linear(module, x)`, as row blocks of the weight when that pays. A product
+    of SPLIT_BLOCKS blocks or more (an LM head) runs half of them on `side_stream()`."""
+    weight = _small_weight(module, x)
+    if weight is None:
         return apply_linear(module, x)
     out_rows, in_features = weight.shape
     rows = block_rows(out_rows, in_features, x.size // max(x.shape[-1], 1))
     if rows is None:
         return apply_linear(module, x)
-    y = mx.concatenate(
-        [x @ weight[i : i + rows].T for i in range(0, out_rows, rows)], axis=-1
-    )
+    starts = range(0, out_rows, rows)
+    half = len(starts) // 2 if len(starts) >= SPLIT_BLOCKS else len(starts)
+    parts = [x @ weight[i : i + rows].T for i in starts[:half]]
+    with mx.stream(side_stream()):
+        parts += [x @ weight[i : i + rows].T for i in starts[half:]]
+    y = mx.concatenate(parts, axis=-1)
     bias = getattr(module, "bias", None) if type(module) is nn.Linear else None
     return y if bias is None else y + bias
+
+
+def apply_pair(first: nn.Module, second: nn.Module, x: mx.array) -> tuple:
+    """(first(x), second(x)): two linear layers on the same input."""
+    return apply_linear(first, x), apply_linear(second, x)
+
+
+def blocked_pair(first: nn.Module, second: nn.Module, x: mx.array) -> tuple:
+    """`apply_pair`, each product as `blocked_linear`, the second on `side_stream()`
+    so both run at once (MLP gate and up)."""
+    if _small_weight(first, x) is None or _small_weight(second, x) is None:
+        return apply_pair(first, second, x)
+    y = blocked_linear(first, x)
+    with mx.stream(side_stream()):
+        return y, blocked_linear(second, x)
+
+
+@cache
+def side_stream() -> mx.Stream:
+    """A second CPU stream, with its own thread, for products that do not depend on
+    the main stream's: a small-matrix kernel runs on one core, and one core does not
+    use all of the memory bandwidth (MLP gate + up of 30 layers: 15.7 -> 9.0 ms on two
+    streams). One per process, made on first use."""
+    return mx.new_stream(mx.cpu)
 
 
 def has_small_kernels(corename: str | None, config: str | None) -> bool:

@@ -12,7 +12,13 @@ from dataclasses import dataclass
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cpu_gemm import apply_linear, blocked_linear, small_kernels
+from .cpu_gemm import (
+    apply_linear,
+    apply_pair,
+    blocked_linear,
+    blocked_pair,
+    small_kernels,
+)
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,8 @@ class Kernels:
     cpu_blocks: bool
     # (linear layer or tied embedding, x): the target's MLP projections and LM head
     linear: Callable[[nn.Module, mx.array], mx.array] = apply_linear
+    # (first, second, x) -> (first(x), second(x)): the MLP's gate and up
+    linear_pair: Callable[[nn.Module, nn.Module, mx.array], tuple] = apply_pair
 
 
 def _mlx_attention(q, k, v, scale, mask=None):
@@ -47,12 +55,14 @@ def for_device(device: mx.Device | None = None) -> Kernels:
 
     device = device or mx.default_device()
     if device == mx.cpu and cpu_ops.available():
+        blocked = small_kernels()
         return Kernels(
             name="cpu_ops",
             swiglu=cpu_ops.swiglu,
             softmax=cpu_ops.softmax,
             attention=cpu_ops.attention,
             cpu_blocks=True,
-            linear=blocked_linear if small_kernels() else apply_linear,
+            linear=blocked_linear if blocked else apply_linear,
+            linear_pair=blocked_pair if blocked else apply_pair,
         )
     return MLX

@@ -271,7 +271,7 @@ class Target:
         blocks = None
         if self.kernels.cpu_blocks:
             layers = [la for la in self.layers if la]
-            blocks = cpu_blocks(self.model_type, layers, self.kernels.linear)
+            blocks = cpu_blocks(self.model_type, layers, self.kernels)
         self.cpu_blocks = blocks is not None  # standard blocks on cpu_ops' kernels
         pending = iter(blocks or ())
         taps = [

@@ -12,10 +12,13 @@ from numerics import assert_close
 from dflash_mlx import Target, cpu_gemm, cpu_ops, kernels, load
 from dflash_mlx.cpu_gemm import (
     PRODUCT_LIMIT,
+    SPLIT_BLOCKS,
     VOLUME_LIMIT,
     apply_linear,
+    apply_pair,
     block_rows,
     blocked_linear,
+    blocked_pair,
     has_small_kernels,
 )
 
@@ -73,11 +76,27 @@ def test_blocked_linear_equals_the_layer(bias, x_shape):
     assert mx.allclose(got, want, atol=1e-5, rtol=1e-5)
 
 
-def test_blocked_linear_on_a_tied_embedding():
-    embed = nn.Embedding(5000, 64)
-    x = mx.random.normal((1, 1, 64))
+@pytest.mark.parametrize("tokens", [1, 2])
+def test_blocked_linear_on_a_tied_embedding(tokens):
+    embed = nn.Embedding(6000, 64)  # 5 or 10 blocks: half of them on the side stream
+    x = mx.random.normal((1, tokens, 64))
+    assert -(-6000 // block_rows(6000, 64, tokens)) >= SPLIT_BLOCKS
     assert mx.allclose(blocked_linear(embed, x), embed.as_linear(x), atol=1e-5)
     assert mx.array_equal(apply_linear(embed, x), embed.as_linear(x))
+
+
+@pytest.mark.parametrize("tokens", [1, 2, 3])
+def test_blocked_pair_runs_each_product_as_blocked_linear(tokens):
+    gate, up = nn.Linear(128, 3001, bias=False), nn.Linear(128, 3001, bias=False)
+    x = mx.random.normal((1, tokens, 128))
+    first, second = blocked_pair(gate, up, x)  # the second on the side stream
+    assert mx.array_equal(first, blocked_linear(gate, x))  # the same bits
+    assert mx.array_equal(second, blocked_linear(up, x))
+    assert mx.allclose(first, gate(x), atol=1e-5, rtol=1e-5)
+    assert mx.allclose(second, up(x), atol=1e-5, rtol=1e-5)
+    quantized = nn.QuantizedLinear(128, 3001, bias=False)  # not a BLAS product
+    first, second = blocked_pair(gate, quantized, x)
+    assert mx.array_equal(first, gate(x)) and mx.array_equal(second, quantized(x))
 
 
 def test_other_layers_keep_their_own_call():
@@ -120,9 +139,11 @@ def test_has_small_kernels(corename, config, expected):
 
 @pytest.mark.skipif(not cpu_ops.available(), reason="MLX cannot compile CPU kernels")
 def test_cpu_kernels_block_products_only_on_small_kernel_openblas():
-    chosen = kernels.for_device(mx.cpu).linear
-    assert chosen is (blocked_linear if cpu_gemm.small_kernels() else apply_linear)
-    assert kernels.MLX.linear is apply_linear
+    chosen = kernels.for_device(mx.cpu)
+    blocked = cpu_gemm.small_kernels()
+    assert chosen.linear is (blocked_linear if blocked else apply_linear)
+    assert chosen.linear_pair is (blocked_pair if blocked else apply_pair)
+    assert kernels.MLX.linear is apply_linear and kernels.MLX.linear_pair is apply_pair
 
 
 @pytest.mark.skipif(not cpu_ops.available(), reason="MLX cannot compile CPU kernels")
@@ -132,9 +153,11 @@ def test_target_with_blocked_products_equals_mlx_lm(models_dir, family):
     vocabulary both past one block: decode and verify sizes give mlx-lm's logits."""
     path = models_dir / f"{family}-blocked-gemm"
     if not path.exists():
-        tiny.make_target(path, family, vocab_size=2500, intermediate_size=1300)
+        tiny.make_target(path, family, vocab_size=6000, intermediate_size=1300)
     model, _ = load(str(path))
-    blocked = dataclasses.replace(kernels.for_device(mx.cpu), linear=blocked_linear)
+    blocked = dataclasses.replace(
+        kernels.for_device(mx.cpu), linear=blocked_linear, linear_pair=blocked_pair
+    )
     target = Target(model, kernels=blocked)
     assert target.cpu_blocks
     ours, theirs = target.make_cache(), make_prompt_cache(model)
