@@ -169,3 +169,30 @@ def test_target_with_blocked_products_equals_mlx_lm(models_dir, family):
         hidden, _ = target(tokens, ours)
         depth = target.num_layers + 1
         assert_close(target.logits(hidden), model(tokens, cache=theirs), depth, family)
+
+
+def test_the_side_stream_works_from_any_thread():
+    """MLX streams belong to the thread that made them: the server generates on its
+    own threads, after the main thread used the side stream."""
+    import threading
+
+    gate, up = nn.Linear(128, 3001, bias=False), nn.Linear(128, 3001, bias=False)
+    embed = nn.Embedding(6000, 128)
+    x = mx.random.normal((1, 1, 128))
+    want = [*blocked_pair(gate, up, x), blocked_linear(embed, x)]  # main thread first
+    mx.eval(want)
+    got, errors = [], []
+
+    def work():
+        try:
+            out = [*blocked_pair(gate, up, x), blocked_linear(embed, x)]
+            mx.eval(out)
+            got.extend(out)
+        except Exception as e:  # reported below, with the thread's message
+            errors.append(e)
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert not errors, errors
+    assert all(mx.array_equal(a, b) for a, b in zip(got, want, strict=True))
