@@ -41,12 +41,13 @@ def _cpu_kernels(mx) -> tuple[str, list]:
 
 def _small_products(mx) -> str:
     """How the target's 1-2 token products run (see dflash_mlx/cpu_gemm.py)."""
-    from dflash_mlx import cpu_gemm, cpu_ops
+    from dflash_mlx import cpu_gemm, kernels
 
-    if mx.default_device() != mx.cpu or not cpu_ops.available():
+    chosen = kernels.for_device()
+    if not chosen.cpu_blocks:
         return "whole (MLX's own kernels)"
     core = cpu_gemm.openblas_core()
-    if cpu_gemm.small_kernels():
+    if chosen.linear is cpu_gemm.blocked_linear:
         return f"row blocks on OpenBLAS's small-matrix kernels ({core})"
     if core:
         return f"whole (OpenBLAS's {core} kernels have no small-matrix path)"
