@@ -40,13 +40,13 @@ def _cpu_kernels(mx) -> tuple[str, list]:
 
 
 def _small_products(mx) -> str:
-    """How the target's 1-2 token products run (see dflash_mlx/cpu_gemm.py)."""
-    from dflash_mlx import cpu_gemm, kernels
+    """How the target's 1-3 token products run (see dflash_mlx/cpu_gemm.py)."""
+    from dflash_mlx import blas, cpu_gemm, kernels
 
     chosen = kernels.for_device()
     if not chosen.cpu_blocks:
         return "whole (MLX's own kernels)"
-    core = cpu_gemm.openblas_core()
+    core = blas.openblas_core()
     if chosen.linear is cpu_gemm.blocked_linear:
         return f"row blocks on OpenBLAS's small-matrix kernels ({core})"
     if core:
@@ -76,7 +76,13 @@ def collect(matmul_size: int = 1024, model: str | None = None, group=None) -> di
         "reexecuted": blas.REEXEC_MARKER in os.environ,
         "matmul_size": matmul_size,
         "matmul_gflops": None if gflops is None else round(gflops, 1),
-        "fixes": blas.advice(info, gflops, openblas=openblas),
+        "openblas_core": blas.openblas_core(),
+        "fixes": blas.advice(
+            info,
+            gflops,
+            openblas=openblas,
+            coretype=blas.avx512_coretype(blas.openblas_core(), blas.cpu_flags()),
+        ),
     }
     report["distributed"] = None  # this process's group under mlx.launch
     if group is not None:
@@ -146,8 +152,11 @@ def render(report: dict):
     table.add_column(overflow="fold")
     gflops = report["matmul_gflops"]
     speed = "skipped" if gflops is None else f"{gflops:.1f} GFLOP/s"
-    blas = report["blas"] + (
-        " (re-executed with LD_PRELOAD)" if report["reexecuted"] else ""
+    core = report["openblas_core"]
+    blas = (
+        report["blas"]
+        + (f", {core} kernels" if core else "")
+        + (" (re-executed with LD_PRELOAD)" if report["reexecuted"] else "")
     )
     rows = [
         ("Platform", f"{report['platform']}, Python {report['python']}"),
@@ -162,7 +171,7 @@ def render(report: dict):
         ("OpenBLAS installed", report["openblas_installed"] or "no"),
         (f"Matmul {report['matmul_size']}² f32", speed),
         ("Attention kernels", report["cpu_kernels"]),
-        ("1-2 token products", report["small_products"]),
+        ("1-3 token products", report["small_products"]),
         ("Distributed", _group_text(report["distributed"])),
         ("Default target", report["default_target"] or "[red]missing[/red]"),
         ("Default drafter", report["default_draft"] or "[yellow]none[/yellow]"),

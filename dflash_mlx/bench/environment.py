@@ -4,10 +4,10 @@ import mlx.core as mx
 
 
 def detect_blas() -> str:
-    """Which BLAS MLX's CPU backend runs on, e.g. 'OpenBLAS (/usr/lib/...)'."""
+    """Which BLAS MLX's CPU backend runs on, e.g. 'OpenBLAS SkylakeX (/usr/lib/...)'."""
     import sys
 
-    from ..blas import blas_in_use
+    from ..blas import blas_in_use, openblas_core
 
     if sys.platform == "darwin":
         return "Accelerate/Metal"
@@ -17,6 +17,9 @@ def detect_blas() -> str:
         label = "reference BLAS (slow)"
     else:
         label = name if info["fast"] else f"{name} (slow)"
+    core = openblas_core()  # its kernels set the speed (OPENBLAS_CORETYPE)
+    if core:
+        label += f" {core}"
     return f"{label} ({info['path']})" if info["path"] else label
 
 
@@ -45,6 +48,17 @@ def cpu_name() -> str:
         except (OSError, subprocess.SubprocessError):
             pass
     return platform.processor() or platform.machine()
+
+
+def cpu_vectors() -> str | None:
+    """The widest x86 vector instructions the CPU has: machines sold under one name
+    differ here (AMD EPYC with and without AVX-512), and so do their speeds."""
+    from ..blas import SKYLAKEX_FLAGS, cpu_flags
+
+    flags = cpu_flags()
+    if SKYLAKEX_FLAGS <= flags:
+        return "AVX-512"
+    return "AVX2" if "avx2" in flags else None
 
 
 def describe_weights(model) -> str:
@@ -101,6 +115,7 @@ def environment(model=None, draft=None, model_id: str = "", draft_id: str = "") 
         machine=platform.machine(),
         cpu=cpu_name(),
         cpu_count=os.cpu_count(),
+        cpu_vectors=cpu_vectors(),
         chip=_chip(),
         device=str(mx.default_device()),
         blas=detect_blas(),
