@@ -1,6 +1,6 @@
-"""One- and two-token products on OpenBLAS's small-matrix kernels.
+"""Products of one to three tokens on OpenBLAS's small-matrix kernels.
 
-MLX's CPU backend does every `x @ W.T` with `cblas_sgemm`. For a 1-2 token `x`,
+MLX's CPU backend does every `x @ W.T` with `cblas_sgemm`. For a 1-3 token `x`,
 OpenBLAS's general path first copies all of `W` into a packed buffer: on the demo target
 (SmolLM2-135M, float32) the copy is ~43% of a plain decoding step (perf, Intel Xeon).
 Its AVX-512 builds (SkylakeX and later cores, OpenBLAS 0.3.16+) also have small-matrix
@@ -9,28 +9,32 @@ out_rows x tokens x in_features <= 10^6. Splitting `W` into row blocks that qual
 turns the 1,536-row MLP projections and the 49,152-row LM head into a few such products
 (row slices of a row-major matrix are views, so nothing is copied). Measured on the
 demo target: MLP gate + up of 30 layers 20.1 -> 16.7 ms, the LM head 8.9 -> 6.8 ms at
-one token; at 3+ tokens the blocks cost more than they save, so those stay whole.
+one token; from 4 tokens the blocks cost more than they save, so those stay whole.
 Small-matrix kernels run on one core each, so independent products go to a second CPU
 stream (`side_stream`): the MLP's up projection beside its gate, half of the LM head's
-blocks beside the other half. Plain step 53.6 -> 47.8 ms.
+blocks beside the other half. Plain step 53.6 -> 47.8 ms. The drafter's MLP runs
+through the same kernels: drafting a block of 2 costs 5.6 -> 4.4 ms (AMD EPYC, Zen 4).
 
 `small_kernels()` says whether the OpenBLAS this process calls has those kernels;
 `kernels.for_device` uses `blocked_linear` only then. The results equal the whole
 product's to float32 rounding (another summation order), as any two BLAS kernels do.
 """
 
-import ctypes
 from functools import cache
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from .blas import AVX512_CORES, openblas_core, openblas_string
+
 PRODUCT_LIMIT = 1200  # out_rows x tokens of OpenBLAS's small "tn" kernel
 VOLUME_LIMIT = 1_000_000  # out_rows x tokens x in_features
-MAX_TOKENS = 2  # measured: at 3 tokens blocks break even, at 4 they lose
+# measured: at 3 tokens blocks break even on an Intel Xeon and save 11% of a verify on
+# an AMD EPYC (Zen 4); at 4 they lose on the Xeon
+MAX_TOKENS = 3
 SPLIT_BLOCKS = 4  # products of this many blocks or more split across two streams
-# OpenBLAS cores whose kernels include the small-matrix ones (kernel/x86_64/KERNEL.*)
-SMALL_KERNEL_CORES = ("skylakex", "cooperlake", "sapphirerapids")
+# OpenBLAS cores whose kernels include the small-matrix ones: the AVX-512 ones
+SMALL_KERNEL_CORES = AVX512_CORES
 SMALL_KERNEL_VERSION = (0, 3, 16)
 
 
@@ -66,7 +70,8 @@ def _tokens(x: mx.array) -> int:
 
 
 def _small_weight(module: nn.Module, x: mx.array) -> mx.array | None:
-    """The weight of a dense float32 layer applied to 1-2 tokens; else None."""
+    """The weight of a dense float32 layer applied to at most MAX_TOKENS tokens; else
+    None."""
     weight = _dense_weight(module)
     if weight is None or weight.dtype != mx.float32 or _tokens(x) > MAX_TOKENS:
         return None
@@ -136,25 +141,8 @@ def has_small_kernels(corename: str | None, config: str | None) -> bool:
     return version >= SMALL_KERNEL_VERSION
 
 
-def _openblas_string(name: str) -> str | None:
-    try:
-        function = getattr(ctypes.CDLL(None), name)
-    except (AttributeError, OSError):
-        return None
-    function.restype = ctypes.c_char_p
-    value = function()
-    return value.decode(errors="replace") if value else None
-
-
-def openblas_core() -> str | None:
-    """The core the OpenBLAS of this process runs (e.g. SkylakeX, Haswell, Zen); None
-    without one whose symbols it can see (a preloaded OpenBLAS exports them; the
-    reference BLAS, Accelerate and MKL do not)."""
-    return _openblas_string("openblas_get_corename")
-
-
 @cache
 def small_kernels() -> bool:
     """True when MLX's matmuls in this process reach an OpenBLAS with small-matrix
     kernels."""
-    return has_small_kernels(openblas_core(), _openblas_string("openblas_get_config"))
+    return has_small_kernels(openblas_core(), openblas_string("openblas_get_config"))

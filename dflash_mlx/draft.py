@@ -184,10 +184,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(hidden_dim, dim, bias=False)
 
     def __call__(self, x):
-        gate, up = self.gate_proj(x), self.up_proj(x)
         # fused CPU kernels have no gradients: training uses MLX's own ops
-        act = (MLX if self.training else self.kernels).swiglu(gate, up)
-        return self.down_proj(act)
+        kernels = MLX if self.training else self.kernels
+        gate, up = kernels.linear_pair(self.gate_proj, self.up_proj, x)
+        return kernels.linear(self.down_proj, kernels.swiglu(gate, up))
 
 
 class Attention(nn.Module):

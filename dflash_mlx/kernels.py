@@ -2,8 +2,8 @@
 
 MLX's own ops everywhere, except on the CPU where MLX can compile them: there `cpu_ops`'
 fused exp makes softmax, SwiGLU and small-block attention cheaper (see cpu_ops.py), and
-on an OpenBLAS with small-matrix kernels the target's 1-2 token products run on them
-(see cpu_gemm.py).
+on an OpenBLAS with small-matrix kernels the 1-3 token products of the target and the
+drafter run on them (see cpu_gemm.py).
 """
 
 from collections.abc import Callable

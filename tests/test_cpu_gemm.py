@@ -1,4 +1,4 @@
-"""cpu_gemm: row-blocked 1-2 token products equal the whole ones, on any CPU."""
+"""cpu_gemm: row-blocked 1-3 token products equal the whole ones, on any CPU."""
 
 import dataclasses
 
@@ -11,6 +11,7 @@ from numerics import assert_close
 
 from dflash_mlx import Target, cpu_gemm, cpu_ops, kernels, load
 from dflash_mlx.cpu_gemm import (
+    MAX_TOKENS,
     PRODUCT_LIMIT,
     SPLIT_BLOCKS,
     VOLUME_LIMIT,
@@ -35,7 +36,8 @@ SKYLAKE_CONFIG = (
         ((49152, 576), 2, 600),
         ((576, 1536), 1, None),  # down_proj already fits the small kernel
         ((576, 576), 1, None),
-        ((1536, 576), 3, None),  # 3+ tokens: blocks cost more than they save
+        ((1536, 576), 3, 384),  # a 3-token verify: four blocks
+        ((1536, 576), 4, None),  # 4+ tokens: blocks cost more than they save
         ((100, 20_000), 1, 50),  # long rows: the volume limit decides
     ],
 )
@@ -46,7 +48,7 @@ def test_block_rows_examples(shape, tokens, rows):
 def test_blocks_fit_the_small_kernels_and_are_balanced():
     for out_rows in (577, 1201, 1536, 3000, 49152, 151_936):
         for in_features in (64, 576, 896, 1536, 4096):
-            for tokens in (1, 2):
+            for tokens in (1, 2, 3):
                 rows = block_rows(out_rows, in_features, tokens)
                 if rows is None:
                     fits = PRODUCT_LIMIT // tokens >= out_rows and (
@@ -114,8 +116,8 @@ def test_other_layers_keep_their_own_call():
     x16 = x.astype(mx.float16)
     assert mx.array_equal(blocked_linear(half, x16), half(x16))
     wide = nn.Linear(64, 3000)
-    x3 = mx.random.normal((1, 3, 64))
-    assert mx.array_equal(blocked_linear(wide, x3), wide(x3))
+    x4 = mx.random.normal((1, MAX_TOKENS + 1, 64))
+    assert mx.array_equal(blocked_linear(wide, x4), wide(x4))
 
 
 @pytest.mark.parametrize(
