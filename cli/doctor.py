@@ -77,12 +77,7 @@ def collect(matmul_size: int = 1024, model: str | None = None, group=None) -> di
         "matmul_size": matmul_size,
         "matmul_gflops": None if gflops is None else round(gflops, 1),
         "openblas_core": blas.openblas_core(),
-        "fixes": blas.advice(
-            info,
-            gflops,
-            openblas=openblas,
-            coretype=blas.avx512_coretype(blas.openblas_core(), blas.cpu_flags()),
-        ),
+        "fixes": blas.advice(info, gflops, openblas=openblas),
     }
     report["distributed"] = None  # this process's group under mlx.launch
     if group is not None:

@@ -7,12 +7,11 @@ speculative decoding cannot win. OpenBLAS preloaded with LD_PRELOAD is ~70x fast
 gives identical outputs. `ensure_fast_blas` re-executes the CLI once with it preloaded;
 the library itself never does this.
 
-OpenBLAS picks its kernels for the CPU when it loads. Releases that predate a CPU can
-pick too old a set: 0.3.21 (Debian 12, Ubuntu 22.04) runs AMD Zen 4 on its AVX2
-"Haswell" kernels although the CPU has AVX-512. `avx512_coretype` names the AVX-512
-set to ask for instead (OPENBLAS_CORETYPE, read at load), and the same re-exec sets it:
-on an AMD EPYC Zen 4 a plain step of the demo target goes 41 -> 26 ms, a block-8
-verify 63 -> 54 ms (with cpu_gemm's row blocks, which need those kernels).
+OpenBLAS picks its kernels for the CPU when it loads (OPENBLAS_CORETYPE overrides it).
+Which set it runs decides the speed, and whether cpu_gemm's small-matrix path exists, so
+doctor and bench name it (`openblas_core`). It is never changed here: some machines set
+OPENBLAS_CORETYPE because older OpenBLAS builds compute wrong results or crash with the
+kernels they would pick themselves.
 """
 
 import ctypes
@@ -24,9 +23,8 @@ from pathlib import Path
 
 NO_REEXEC = "DFLASH_MLX_NO_REEXEC"
 REEXEC_MARKER = "DFLASH_MLX_BLAS_REEXEC"
-CORETYPE = "OPENBLAS_CORETYPE"
 # OpenBLAS cores with AVX-512 kernels (kernel/x86_64/KERNEL.*), and the CPU flags that
-# the oldest of them (SkylakeX) needs; Cooperlake's also use avx512_bf16.
+# the oldest of them (SkylakeX) needs
 AVX512_CORES = ("skylakex", "cooperlake", "sapphirerapids")
 SKYLAKEX_FLAGS = frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})
 OPENBLAS_PATHS = (
@@ -135,12 +133,11 @@ def matmul_gflops(
             return 2 * n**3 * repeats / elapsed / 1e9
 
 
-def openblas_string(name: str, library: str | None = None) -> str | None:
-    """An OpenBLAS string function's answer (`openblas_get_corename`, `..._config`):
-    from the library at `library` (loading it), else from whatever this process has
-    loaded globally (a preloaded OpenBLAS). None where there is no such function."""
+def openblas_string(name: str) -> str | None:
+    """An OpenBLAS string function's answer (`openblas_get_corename`, `..._config`)
+    from this process's preloaded OpenBLAS; None where there is no such function."""
     try:
-        function = getattr(ctypes.CDLL(library), name)
+        function = getattr(ctypes.CDLL(None), name)
     except (AttributeError, OSError):
         return None
     function.restype = ctypes.c_char_p
@@ -148,11 +145,11 @@ def openblas_string(name: str, library: str | None = None) -> str | None:
     return value.decode(errors="replace") if value else None
 
 
-def openblas_core(library: str | None = None) -> str | None:
-    """The core whose kernels OpenBLAS runs (e.g. SkylakeX, Haswell, Zen): that of the
-    library at `library`, or of this process's preloaded OpenBLAS; None without one
-    (the reference BLAS, Accelerate and MKL have no such function)."""
-    return openblas_string("openblas_get_corename", library)
+def openblas_core() -> str | None:
+    """The core whose kernels this process's preloaded OpenBLAS runs (e.g. SkylakeX,
+    Haswell, Zen); None without one (the reference BLAS, Accelerate and MKL have no
+    such function)."""
+    return openblas_string("openblas_get_corename")
 
 
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
@@ -169,60 +166,34 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
     return frozenset()
 
 
-def avx512_coretype(corename: str | None, flags: frozenset[str]) -> str | None:
-    """The OpenBLAS core to ask for when OpenBLAS chose `corename`, a set without
-    AVX-512 kernels, on a CPU with AVX-512 (`flags`): Cooperlake where the CPU also has
-    avx512_bf16, else SkylakeX. None to keep OpenBLAS's own choice."""
-    if not corename or corename.strip().lower() in AVX512_CORES:
-        return None
-    if not SKYLAKEX_FLAGS <= flags:
-        return None
-    return "Cooperlake" if "avx512_bf16" in flags else "SkylakeX"
-
-
 def reexec_env(
     environ: Mapping[str, str],
     platform: str,
     openblas: str | None,
     openblas_loaded: bool,
-    coretype: str | None = None,
 ) -> dict | None:
-    """The environment to re-execute with: OpenBLAS preloaded where it is not loaded,
-    and OPENBLAS_CORETYPE=`coretype` unless the user set one. None to run as is."""
-    if not platform.startswith("linux"):
+    """The environment to re-execute with OpenBLAS preloaded, or None to run as is."""
+    if not platform.startswith("linux") or openblas is None or openblas_loaded:
         return None
     if environ.get(NO_REEXEC, "") not in ("", "0") or REEXEC_MARKER in environ:
         return None
     env = dict(environ)
-    if openblas is not None and not openblas_loaded:
-        old = env.get("LD_PRELOAD", "")
-        env["LD_PRELOAD"] = f"{openblas}:{old}" if old else openblas
-    if coretype and CORETYPE not in environ:
-        env[CORETYPE] = coretype
-    if env == dict(environ):
-        return None
+    old = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = f"{openblas}:{old}" if old else openblas
     env[REEXEC_MARKER] = "1"
     return env
 
 
 def ensure_fast_blas(argv: Sequence[str] | None = None, platform: str = sys.platform):
-    """At CLI start on Linux: re-exec this command with OpenBLAS preloaded, and with
-    its AVX-512 kernels where it would not pick them itself, when that helps.
+    """At CLI start on Linux: re-exec this command with OpenBLAS preloaded when it
+    helps.
 
     `argv` is the command line after the interpreter (default: this process's own).
     Returns only when no re-exec is needed or possible; set DFLASH_MLX_NO_REEXEC=1 to
     opt out.
     """
-    if not platform.startswith("linux"):
-        return
     loaded = any(_is_openblas(p) for p in loaded_libraries())
-    openblas = find_openblas()
-    coretype = None
-    if CORETYPE not in os.environ and (loaded or openblas):
-        # ask the library that will run: the loaded one, else the one to preload
-        core = openblas_core(None if loaded else openblas)
-        coretype = avx512_coretype(core, cpu_flags())
-    env = reexec_env(os.environ, platform, openblas, loaded, coretype)
+    env = reexec_env(os.environ, platform, find_openblas(), loaded)
     if env is None:
         return
     args = list(sys.orig_argv[1:] if argv is None else argv)
@@ -240,11 +211,8 @@ def advice(
     platform: str = sys.platform,
     environ: Mapping[str, str] = os.environ,
     openblas: str | None = None,
-    coretype: str | None = None,
 ) -> list[str]:
-    """Fix-it lines for a slow or missing BLAS (empty when all is well). `coretype`:
-    the AVX-512 core this process's OpenBLAS should run but does not
-    (`avx512_coretype`)."""
+    """Fix-it lines for a slow or missing BLAS (empty when all is well)."""
     fixes = []
     if platform.startswith("linux") and not info["fast"]:
         if openblas is None:
@@ -267,11 +235,5 @@ def advice(
         fixes.append(
             f"Matmul runs at {gflops:.1f} GFLOP/s: speculative decoding cannot beat "
             "plain decoding at this speed (OpenBLAS reaches 100+ GFLOP/s on CPU)."
-        )
-    if coretype and CORETYPE not in environ:
-        fixes.append(
-            "OpenBLAS runs its AVX2 kernels on this AVX-512 CPU (the release predates "
-            f"the CPU): set {CORETYPE}={coretype}, as the dflash-mlx command does "
-            f"unless {NO_REEXEC} is set; decoding is up to 1.5x faster with it."
         )
     return fixes

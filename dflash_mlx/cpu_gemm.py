@@ -13,7 +13,8 @@ one token; from 4 tokens the blocks cost more than they save, so those stay whol
 Small-matrix kernels run on one core each, so independent products go to a second CPU
 stream (`side_stream`): the MLP's up projection beside its gate, half of the LM head's
 blocks beside the other half. Plain step 53.6 -> 47.8 ms. The drafter's MLP runs
-through the same kernels: drafting a block of 2 costs 5.6 -> 4.4 ms (AMD EPYC, Zen 4).
+through the same kernels: drafting a block of 2 costs 5.6 -> 4.4 ms (AMD EPYC Zen 4,
+Cooperlake kernels).
 
 `small_kernels()` says whether the OpenBLAS this process calls has those kernels;
 `kernels.for_device` uses `blocked_linear` only then. The results equal the whole
@@ -30,7 +31,7 @@ from .blas import AVX512_CORES, openblas_core, openblas_string
 PRODUCT_LIMIT = 1200  # out_rows x tokens of OpenBLAS's small "tn" kernel
 VOLUME_LIMIT = 1_000_000  # out_rows x tokens x in_features
 # measured: at 3 tokens blocks break even on an Intel Xeon and save 11% of a verify on
-# an AMD EPYC (Zen 4); at 4 they lose on the Xeon
+# an AMD EPYC Zen 4 (Cooperlake kernels); at 4 they lose on the Xeon
 MAX_TOKENS = 3
 SPLIT_BLOCKS = 4  # products of this many blocks or more split across two streams
 # OpenBLAS cores whose kernels include the small-matrix ones: the AVX-512 ones
