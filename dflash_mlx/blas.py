@@ -23,10 +23,8 @@ from pathlib import Path
 
 NO_REEXEC = "DFLASH_MLX_NO_REEXEC"
 REEXEC_MARKER = "DFLASH_MLX_BLAS_REEXEC"
-# OpenBLAS cores with AVX-512 kernels (kernel/x86_64/KERNEL.*), and the CPU flags that
-# the oldest of them (SkylakeX) needs
+# OpenBLAS cores with AVX-512 kernels (kernel/x86_64/KERNEL.*)
 AVX512_CORES = ("skylakex", "cooperlake", "sapphirerapids")
-SKYLAKEX_FLAGS = frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})
 OPENBLAS_PATHS = (
     "/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0",
     "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0",
@@ -150,20 +148,6 @@ def openblas_core() -> str | None:
     Haswell, Zen); None without one (the reference BLAS, Accelerate and MKL have no
     such function)."""
     return openblas_string("openblas_get_corename")
-
-
-def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
-    """The CPU's feature flags as the kernel reports them (those the OS enabled);
-    empty where there is no /proc/cpuinfo."""
-    try:
-        text = Path(cpuinfo).read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
 
 
 def reexec_env(

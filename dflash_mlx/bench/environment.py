@@ -2,6 +2,9 @@
 
 import mlx.core as mx
 
+# the AVX-512 subsets that OpenBLAS's oldest AVX-512 kernels (SkylakeX) need
+AVX512_FLAGS = frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})
+
 
 def detect_blas() -> str:
     """Which BLAS MLX's CPU backend runs on, e.g. 'OpenBLAS SkylakeX (/usr/lib/...)'."""
@@ -50,13 +53,27 @@ def cpu_name() -> str:
     return platform.processor() or platform.machine()
 
 
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
+    """The CPU's feature flags as the kernel reports them (those the OS enabled);
+    empty where there is no /proc/cpuinfo."""
+    from pathlib import Path
+
+    try:
+        text = Path(cpuinfo).read_text()
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() in ("flags", "Features"):
+            return frozenset(value.split())
+    return frozenset()
+
+
 def cpu_vectors() -> str | None:
     """The widest x86 vector instructions the CPU has: machines sold under one name
     differ here (AMD EPYC with and without AVX-512), and so do their speeds."""
-    from ..blas import SKYLAKEX_FLAGS, cpu_flags
-
     flags = cpu_flags()
-    if SKYLAKEX_FLAGS <= flags:
+    if AVX512_FLAGS <= flags:
         return "AVX-512"
     return "AVX2" if "avx2" in flags else None
 
