@@ -39,19 +39,26 @@ def _cpu_kernels(mx) -> tuple[str, list]:
     ]
 
 
-def _small_products(mx) -> str:
-    """How the target's 1-3 token products run (see dflash_mlx/cpu_gemm.py)."""
-    from dflash_mlx import blas, cpu_gemm, kernels
+def _small_products(mx) -> tuple[str, list]:
+    """How the products of a decoding step or a verify block run (see
+    dflash_mlx/native and dflash_mlx/cpu_gemm.py), and a fix where they are slow."""
+    from dflash_mlx import blas, cpu_gemm, kernels, native
 
     chosen = kernels.for_device()
     if not chosen.cpu_blocks:
-        return "whole (MLX's own kernels)"
+        return "whole (MLX's own kernels)", []
+    if chosen.linear is cpu_gemm.native_linear:
+        return native.status(), []
+    fixes = [
+        f"Small products use {native.status()}: decoding on the CPU is up to 1.5x "
+        "slower than with the native kernels."
+    ]
     core = blas.openblas_core()
     if chosen.linear is cpu_gemm.blocked_linear:
-        return f"row blocks on OpenBLAS's small-matrix kernels ({core})"
+        return f"row blocks on OpenBLAS's small-matrix kernels ({core})", fixes
     if core:
-        return f"whole (OpenBLAS's {core} kernels have no small-matrix path)"
-    return "whole (not an OpenBLAS with small-matrix kernels)"
+        return f"whole (OpenBLAS's {core} kernels have no small-matrix path)", fixes
+    return "whole (not an OpenBLAS with small-matrix kernels)", fixes
 
 
 def collect(matmul_size: int = 1024, model: str | None = None, group=None) -> dict:
@@ -83,7 +90,8 @@ def collect(matmul_size: int = 1024, model: str | None = None, group=None) -> di
     if group is not None:
         report["distributed"] = {**group.describe(), "rank": group.rank}
     report["cpu_kernels"], fixes = _cpu_kernels(mx)
-    report["small_products"] = _small_products(mx)
+    report["small_products"], product_fixes = _small_products(mx)
+    fixes += product_fixes
     report["fixes"] += fixes
     try:
         report["default_target"] = defaults.default_target()
@@ -166,7 +174,7 @@ def render(report: dict):
         ("OpenBLAS installed", report["openblas_installed"] or "no"),
         (f"Matmul {report['matmul_size']}² f32", speed),
         ("Attention kernels", report["cpu_kernels"]),
-        ("1-3 token products", report["small_products"]),
+        ("Small products", report["small_products"]),
         ("Distributed", _group_text(report["distributed"])),
         ("Default target", report["default_target"] or "[red]missing[/red]"),
         ("Default drafter", report["default_draft"] or "[yellow]none[/yellow]"),

@@ -82,9 +82,11 @@ class CpuBlock:
         table, causal = self.tables.get(cache.offset, L)
         if isinstance(mask, str) and causal is not None:
             mask = causal
-        q = attn.q_proj(h).reshape(B, L, attn.n_heads, -1)
-        k = attn.k_proj(h).reshape(B, L, attn.n_kv_heads, -1)
-        v = attn.v_proj(h).reshape(B, L, attn.n_kv_heads, -1).transpose(0, 2, 1, 3)
+        linear = self.kernels.linear
+        q = linear(attn.q_proj, h).reshape(B, L, attn.n_heads, -1)
+        k = linear(attn.k_proj, h).reshape(B, L, attn.n_kv_heads, -1)
+        v = linear(attn.v_proj, h).reshape(B, L, attn.n_kv_heads, -1)
+        v = v.transpose(0, 2, 1, 3)
         if hasattr(attn, "q_norm"):
             q, k = attn.q_norm(q), attn.k_norm(k)
         if table is not None:
@@ -95,10 +97,10 @@ class CpuBlock:
             k = attn.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
         out = cpu_ops.attention(q, k, v, attn.scale, mask)
-        h = x + attn.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        h = x + linear(attn.o_proj, out.transpose(0, 2, 1, 3).reshape(B, L, -1))
         y = layer.post_attention_layernorm(h)
         gate, up = self.kernels.linear_pair(mlp.gate_proj, mlp.up_proj, y)
-        return h + self.kernels.linear(mlp.down_proj, cpu_ops.swiglu(gate, up))
+        return h + linear(mlp.down_proj, cpu_ops.swiglu(gate, up))
 
 
 def cpu_blocks(model_type: str, layers: list, kernels: Kernels) -> list | None:

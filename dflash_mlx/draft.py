@@ -212,10 +212,14 @@ class Attention(nn.Module):
             hd, args.rope_theta, False, args.rope_scaling, args.max_position_embeddings
         )
 
+    def _linear(self, layer: nn.Module, x: mx.array) -> mx.array:
+        # fused CPU kernels have no gradients: training uses MLX's own ops
+        return layer(x) if self.training else self.kernels.linear(layer, x)
+
     def _keys_values(self, x, offset):
         B, L, _ = x.shape
-        k = self.k_norm(self.k_proj(x).reshape(B, L, self.n_kv_heads, -1))
-        v = self.v_proj(x).reshape(B, L, self.n_kv_heads, -1)
+        k = self.k_norm(self._linear(self.k_proj, x).reshape(B, L, self.n_kv_heads, -1))
+        v = self._linear(self.v_proj, x).reshape(B, L, self.n_kv_heads, -1)
         k = self.rope(k.transpose(0, 2, 1, 3), offset=offset)
         return k, v.transpose(0, 2, 1, 3)
 
@@ -229,12 +233,12 @@ class Attention(nn.Module):
     def __call__(self, x, mask, cache: KVCache):
         B, L, _ = x.shape
         offset = cache.offset
-        q = self.q_norm(self.q_proj(x).reshape(B, L, self.n_heads, -1))
+        q = self.q_norm(self._linear(self.q_proj, x).reshape(B, L, self.n_heads, -1))
         q = self.rope(q.transpose(0, 2, 1, 3), offset=offset)
         keys, values = cache.update_and_fetch(*self._keys_values(x, offset))
         kernels = MLX if self.training else self.kernels  # no gradients for fused ones
         out = kernels.attention(q, keys, values, self.scale, mask)
-        return self.o_proj(out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        return self._linear(self.o_proj, out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
 class DecoderLayer(nn.Module):
@@ -320,7 +324,9 @@ class Model(nn.Module):
     def absorb(self, features: mx.array, cache: list[KVCache]):
         """Feed fused target features of newly committed tokens into the context
         cache."""
-        ctx = self.hidden_norm(self.fc(features.astype(self.dtype)))
+        features = features.astype(self.dtype)
+        kernels = MLX if self.training else self.kernels
+        ctx = self.hidden_norm(kernels.linear(self.fc, features))
         for layer, c in zip(self.layers, cache, strict=True):
             layer.self_attn.absorb(ctx, c)
 

@@ -21,6 +21,7 @@ from functools import cached_property
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 
 
@@ -31,7 +32,7 @@ class DraftHead:
         self.target = target
         self.vocab = vocab
         self.vocab_size = target.vocab_size
-        self.rows = None if vocab is None else head_rows(target, vocab)
+        self.rows = None if vocab is None else _as_linear(head_rows(target, vocab))
 
     @classmethod
     def for_drafter(cls, target, draft) -> "DraftHead":
@@ -42,7 +43,7 @@ class DraftHead:
         one)."""
         if self.rows is None:
             return self.target.logits(hidden)
-        return self.target.softcapped(hidden @ self.rows.T)
+        return self.target.softcapped(self.target.kernels.linear(self.rows, hidden))
 
     @cached_property
     def index(self) -> np.ndarray | None:
@@ -66,6 +67,13 @@ class DraftHead:
                 mx.zeros((q.shape[0], self.vocab_size), q.dtype), index, q, axis=-1
             )
         return tokens, q
+
+
+def _as_linear(weight: mx.array) -> nn.Linear:
+    """A bias-free linear layer over `weight`, so the device's kernels apply to it."""
+    layer = nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    layer.weight = weight  # replaces the random init before it is ever evaluated
+    return layer
 
 
 def head_rows(target, ids: mx.array) -> mx.array:

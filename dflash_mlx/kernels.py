@@ -17,6 +17,8 @@ from .cpu_gemm import (
     apply_pair,
     blocked_linear,
     blocked_pair,
+    native_linear,
+    native_pair,
     small_kernels,
 )
 
@@ -55,14 +57,20 @@ def for_device(device: mx.Device | None = None) -> Kernels:
 
     device = device or mx.default_device()
     if device == mx.cpu and cpu_ops.available():
-        blocked = small_kernels()
+        from . import native
+
+        linear, pair = apply_linear, apply_pair
+        if native.load() is not None:
+            linear, pair = native_linear, native_pair
+        elif small_kernels():
+            linear, pair = blocked_linear, blocked_pair
         return Kernels(
             name="cpu_ops",
             swiglu=cpu_ops.swiglu,
             softmax=cpu_ops.softmax,
             attention=cpu_ops.attention,
             cpu_blocks=True,
-            linear=blocked_linear if blocked else apply_linear,
-            linear_pair=blocked_pair if blocked else apply_pair,
+            linear=linear,
+            linear_pair=pair,
         )
     return MLX

@@ -132,7 +132,7 @@ def test_doctor_cli():
         "GFLOP/s",
         "MLX / mlx-lm",
         "Attention kernels",
-        "1-3 token products",
+        "Small products",
         "Default target",
         "Default drafter",
     ]:
@@ -154,10 +154,14 @@ def test_doctor_json():
 
         assert report["cpu_kernels"].startswith("fused") == cpu_ops.available()
         assert cpu_ops.available() or any("C++ compiler" in f for f in report["fixes"])
-        from dflash_mlx import cpu_gemm
+        from dflash_mlx import cpu_gemm, native
 
         blocked = report["small_products"].startswith("row blocks")
-        assert blocked == (cpu_ops.available() and cpu_gemm.small_kernels())
+        built = report["small_products"].startswith("native (")
+        assert built == (cpu_ops.available() and native.load() is not None)
+        assert blocked == (
+            cpu_ops.available() and not built and cpu_gemm.small_kernels()
+        )
     if sys.platform.startswith("linux") and not report["blas"].startswith(
         ("OpenBLAS", "MKL")
     ):

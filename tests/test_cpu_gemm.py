@@ -9,7 +9,7 @@ import tiny
 from mlx_lm.models.cache import make_prompt_cache
 from numerics import assert_close
 
-from dflash_mlx import Target, cpu_gemm, cpu_ops, kernels, load
+from dflash_mlx import Target, cpu_gemm, cpu_ops, kernels, load, native
 from dflash_mlx.cpu_gemm import (
     MAX_TOKENS,
     PRODUCT_LIMIT,
@@ -21,6 +21,7 @@ from dflash_mlx.cpu_gemm import (
     blocked_linear,
     blocked_pair,
     has_small_kernels,
+    native_linear,
 )
 
 SKYLAKE_CONFIG = (
@@ -140,11 +141,14 @@ def test_has_small_kernels(corename, config, expected):
 
 
 @pytest.mark.skipif(not cpu_ops.available(), reason="MLX cannot compile CPU kernels")
-def test_cpu_kernels_block_products_only_on_small_kernel_openblas():
+def test_cpu_kernels_block_products_only_without_native_on_small_kernel_openblas():
     chosen = kernels.for_device(mx.cpu)
-    blocked = cpu_gemm.small_kernels()
-    assert chosen.linear is (blocked_linear if blocked else apply_linear)
-    assert chosen.linear_pair is (blocked_pair if blocked else apply_pair)
+    if native.load() is not None:  # tests/test_native.py: the native kernel wins
+        assert chosen.linear is native_linear
+    else:
+        blocked = cpu_gemm.small_kernels()
+        assert chosen.linear is (blocked_linear if blocked else apply_linear)
+        assert chosen.linear_pair is (blocked_pair if blocked else apply_pair)
     assert kernels.MLX.linear is apply_linear and kernels.MLX.linear_pair is apply_pair
 
 

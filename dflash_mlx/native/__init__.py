@@ -1,0 +1,201 @@
+"""Native CPU kernels, compiled on first use for this machine and this MLX.
+
+`small_linear.cpp` is an MLX primitive (`x @ w.T` for a few rows of `x`; see its
+header for why). It is built the way MLX builds its own CPU kernels: with the system
+C++ compiler, on first use, into the user cache (`~/.cache/dflash-mlx/native`), keyed
+by everything the binary depends on (source, MLX, nanobind, Python, compiler, CPU),
+so later processes load it at once. It links the installed `libmlx` and joins MLX's
+nanobind domain, so it takes and returns `mx.array`s in lazy graphs like any op.
+
+Where it cannot be built (not Linux, no compiler, no Python headers, an MLX whose
+nanobind ABI differs) or fails its self-check, `load()` returns None and the caller
+keeps MLX's own matmul; `status()` says why (shown by `dflash-mlx doctor`).
+"""
+
+import fcntl
+import hashlib
+import importlib.util
+import platform
+import shutil
+import subprocess
+import sys
+import sysconfig
+from functools import cache
+from importlib.metadata import version as version_of
+from pathlib import Path
+from types import ModuleType
+from typing import cast
+
+import mlx.core as mx
+
+SOURCE = Path(__file__).with_name("small_linear.cpp")
+MODULE = "_dflash_native"
+COMPILERS = ("c++", "g++", "clang++")
+BUILD_SECONDS = 300
+# The self-check: odd sizes (a lane tail, a partial group of rows), more rows of x
+# than one pass takes, against MLX's matmul.
+CHECK_SHAPES = ((1, 37, 40), (3, 41, 64), (11, 9, 130))
+CHECK_TOLERANCE = 1e-4
+
+_status = "not loaded yet"
+
+
+def status() -> str:
+    """What `load()` found: the kernels in use, or why MLX's matmul is kept."""
+    load()
+    return _status
+
+
+@cache
+def load() -> ModuleType | None:
+    """The compiled module (built now if needed), or None where it cannot be."""
+    global _status
+    try:
+        module = _load()
+    except _Unavailable as reason:
+        _status = str(reason)
+        return None
+    _status = f"native ({module.lanes}-lane vectors, {module.threads()} threads)"
+    return module
+
+
+class _Unavailable(Exception):
+    """Why the native kernels are not in use here."""
+
+
+def _load() -> ModuleType:
+    if sys.platform != "linux":
+        raise _Unavailable("MLX's matmul (native kernels are built on Linux only)")
+    compiler = next(filter(None, map(shutil.which, COMPILERS)), None)
+    if compiler is None:
+        raise _Unavailable("MLX's matmul (no C++ compiler: install g++)")
+    python_include = Path(sysconfig.get_paths()["include"])
+    if not (python_include / "Python.h").is_file():
+        raise _Unavailable(
+            "MLX's matmul (no Python headers: install python3-dev or your "
+            "Python's development package)"
+        )
+    try:
+        import nanobind
+    except ImportError:
+        raise _Unavailable(
+            "MLX's matmul (nanobind is missing: pip install 'nanobind>=3')"
+        ) from None
+    folder = _cache_folder(compiler, nanobind.__version__)
+    binary = folder / (MODULE + sysconfig.get_config_var("EXT_SUFFIX"))
+    failed = folder / "build-failed.txt"
+    if not binary.is_file():
+        folder.mkdir(parents=True, exist_ok=True)
+        with open(folder / ".lock", "w") as lock:  # one build at a time (ranks, tests)
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not binary.is_file() and not failed.is_file():
+                _build(compiler, nanobind, python_include, binary, failed)
+    if failed.is_file():
+        raise _Unavailable(
+            f"MLX's matmul (the native kernels failed to build; see {failed}, "
+            "delete that folder to try again)"
+        )
+    module = _import(binary)
+    _self_check(module)
+    return module
+
+
+def _cache_folder(compiler: str, nanobind_version: str) -> Path:
+    from ..defaults import user_cache
+
+    version = subprocess.run(
+        [compiler, "--version"], capture_output=True, text=True, timeout=30
+    ).stdout
+    digest = hashlib.sha256()
+    for part in (
+        SOURCE.read_bytes(),
+        version_of("mlx").encode(),
+        nanobind_version.encode(),
+        sys.version.encode(),
+        version.encode(),
+        platform.machine().encode(),
+        _cpu_flags().encode(),
+    ):
+        digest.update(part + b"\0")
+    return user_cache() / "native" / digest.hexdigest()[:16]
+
+
+def _cpu_flags() -> str:
+    """The CPU's feature flags (the build targets this CPU's vector units)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith(("flags", "Features")):
+                return line
+    except OSError:
+        pass
+    return ""
+
+
+def _build(compiler, nanobind, python_include: Path, binary: Path, failed: Path):
+    mlx_dir = Path(mx.__file__).parent
+    nb_dir = Path(nanobind.source_dir()).parent
+    tmp = binary.with_name(f".{binary.name}.tmp")
+    command = [
+        compiler,
+        *("-O3", "-march=native", "-std=c++20", "-shared", "-fPIC"),
+        "-fvisibility=hidden",
+        "-DNB_DOMAIN=mlx",  # MLX's nanobind domain: its mx.array type is ours
+        f"-I{mlx_dir / 'include'}",
+        f"-I{nanobind.include_dir()}",
+        f"-I{nb_dir / 'ext' / 'robin_map' / 'include'}",
+        f"-I{python_include}",
+        str(SOURCE),
+        str(Path(nanobind.source_dir()) / "nb_combined.cpp"),
+        f"-L{mlx_dir / 'lib'}",
+        "-lmlx",
+        f"-Wl,-rpath,{mlx_dir / 'lib'}",
+        "-o",
+        str(tmp),
+    ]
+    try:
+        result = subprocess.run(
+            command, capture_output=True, text=True, timeout=BUILD_SECONDS
+        )
+    except subprocess.TimeoutExpired:
+        failed.write_text(f"{' '.join(command)}\ntimed out after {BUILD_SECONDS} s\n")
+        return
+    if result.returncode != 0:
+        failed.write_text(f"{' '.join(command)}\n{result.stderr[-4000:]}")
+        tmp.unlink(missing_ok=True)
+        return
+    tmp.replace(binary)
+
+
+def _import(binary: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(MODULE, binary)
+    if spec is None or spec.loader is None:
+        raise _Unavailable(f"MLX's matmul (cannot load {binary})")
+    module = importlib.util.module_from_spec(spec)
+    try:
+        spec.loader.exec_module(module)
+    except ImportError as e:
+        raise _Unavailable(f"MLX's matmul (loading {binary} failed: {e})") from e
+    return module
+
+
+def _self_check(module: ModuleType):
+    """The kernels must take MLX's arrays and agree with its matmul."""
+    key = mx.random.key(0)
+    with mx.stream(mx.cpu):
+        for tokens, rows, inputs in CHECK_SHAPES:
+            kx, kw, key = mx.random.split(key, 3)
+            x = mx.random.normal((tokens, inputs), key=kx)
+            w = mx.random.normal((rows, inputs), key=kw)
+            try:
+                ours = module.small_linear(x, w)
+            except TypeError as e:  # another nanobind ABI than MLX's
+                raise _Unavailable(
+                    f"MLX's matmul (the native kernels cannot take this MLX's "
+                    f"arrays: {e})"
+                ) from e
+            error = cast(float, mx.abs(ours - x @ w.T).max().item())
+            if not error <= CHECK_TOLERANCE * inputs:
+                raise _Unavailable(
+                    f"MLX's matmul (the native kernels are off by {error:.2e} "
+                    f"on a {tokens}x{inputs} @ {inputs}x{rows} product)"
+                )
