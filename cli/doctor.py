@@ -47,7 +47,7 @@ def _small_products(mx) -> tuple[str, list]:
     chosen = kernels.for_device()
     if not chosen.cpu_blocks:
         return "whole (MLX's own kernels)", []
-    if chosen.linear is cpu_gemm.native_linear:
+    if native.load() is not None:
         return native.status(), []
     fixes = [
         f"Small products use {native.status()}: decoding on the CPU is up to 1.5x "

@@ -10,7 +10,6 @@ change in mlx-lm's block fails there. Quantized KV caches go to mlx-lm's own blo
 """
 
 import mlx.nn as nn
-from mlx_lm.models.base import create_causal_mask
 
 from . import cpu_ops
 from .kernels import Kernels
@@ -40,25 +39,20 @@ def shared_rope(layers) -> tuple | None:
 
 
 class ForwardTables:
-    """The rotary table and boolean causal mask of the forward in progress, built once
-    for all layers (keyed by position offset and length, so any cache may ask)."""
+    """The rotary table of the forward in progress, built once for all layers (keyed
+    by position offset and length, so any cache may ask)."""
 
     def __init__(self, rope: tuple[int, float, float] | None):
         self.rope = rope
         self._key: tuple | None = None
-        self._tables: tuple = (None, None)
+        self._table = None
 
-    def get(self, offset: int, length: int) -> tuple:
-        if (offset, length) != self._key:
-            table = None
-            if self.rope is not None:
-                dims, base, scale = self.rope
-                table = cpu_ops.rope_table(dims, base, scale, offset, length)
-            mask = None
-            if 1 < length <= cpu_ops.MAX_QUERY_ROWS:  # cpu_ops attention takes arrays
-                mask = create_causal_mask(length, offset)
-            self._key, self._tables = (offset, length), (table, mask)
-        return self._tables
+    def get(self, offset: int, length: int):
+        if self.rope is not None and (offset, length) != self._key:
+            dims, base, scale = self.rope
+            self._table = cpu_ops.rope_table(dims, base, scale, offset, length)
+            self._key = (offset, length)
+        return self._table
 
 
 class CpuBlock:
@@ -67,7 +61,7 @@ class CpuBlock:
     def __init__(self, layer: nn.Module, tables: ForwardTables, kernels: Kernels):
         self.layer = layer
         self.tables = tables
-        self.kernels = kernels  # the MLP's products (Kernels.linear, .linear_pair)
+        self.kernels = kernels  # products and attention (Kernels)
 
     def __getattr__(self, name):
         return getattr(self.__dict__["layer"], name)
@@ -77,18 +71,17 @@ class CpuBlock:
         if cache is None or hasattr(cache, "bits"):
             return layer(x, mask, cache)
         attn, mlp = layer.self_attn, layer.mlp
-        h = layer.input_layernorm(x)
+        kernels = self.kernels
+        h = kernels.norm(layer.input_layernorm, x)
         B, L, _ = h.shape
-        table, causal = self.tables.get(cache.offset, L)
-        if isinstance(mask, str) and causal is not None:
-            mask = causal
-        linear = self.kernels.linear
+        table = self.tables.get(cache.offset, L)
+        linear = kernels.linear
         q = linear(attn.q_proj, h).reshape(B, L, attn.n_heads, -1)
         k = linear(attn.k_proj, h).reshape(B, L, attn.n_kv_heads, -1)
         v = linear(attn.v_proj, h).reshape(B, L, attn.n_kv_heads, -1)
         v = v.transpose(0, 2, 1, 3)
         if hasattr(attn, "q_norm"):
-            q, k = attn.q_norm(q), attn.k_norm(k)
+            q, k = kernels.norm(attn.q_norm, q), kernels.norm(attn.k_norm, k)
         if table is not None:
             q = cpu_ops.rope(q, table).transpose(0, 2, 1, 3)
             k = cpu_ops.rope(k, table).transpose(0, 2, 1, 3)
@@ -96,11 +89,10 @@ class CpuBlock:
             q = attn.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
             k = attn.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
-        out = cpu_ops.attention(q, k, v, attn.scale, mask)
+        out = kernels.attention(q, k, v, attn.scale, mask)
         h = x + linear(attn.o_proj, out.transpose(0, 2, 1, 3).reshape(B, L, -1))
-        y = layer.post_attention_layernorm(h)
-        gate, up = self.kernels.linear_pair(mlp.gate_proj, mlp.up_proj, y)
-        return h + linear(mlp.down_proj, cpu_ops.swiglu(gate, up))
+        y = kernels.norm(layer.post_attention_layernorm, h)
+        return h + linear(mlp.down_proj, kernels.gated(mlp.gate_proj, mlp.up_proj, y))
 
 
 def cpu_blocks(model_type: str, layers: list, kernels: Kernels) -> list | None:

@@ -100,43 +100,6 @@ def blocked_linear(module: nn.Module, x: mx.array) -> mx.array:
     return y if bias is None else y + bias
 
 
-# measured on the demo target: from 16 tokens OpenBLAS's packed products catch up
-NATIVE_MAX_TOKENS = 16
-
-
-def native_linear(module: nn.Module, x: mx.array) -> mx.array:
-    """`apply_linear(module, x)` on the native kernel (`native.small_linear`) for a
-    dense float32 layer applied to at most NATIVE_MAX_TOKENS tokens."""
-    weight = _dense_weight(module)
-    if weight is None:
-        return apply_linear(module, x)
-    y = native_product(x, weight)
-    if y is None:
-        return apply_linear(module, x)
-    bias = getattr(module, "bias", None) if type(module) is nn.Linear else None
-    return y if bias is None else y + bias
-
-
-def native_product(x: mx.array, weight: mx.array) -> mx.array | None:
-    """`x @ weight.T` on the native kernel; None where it does not apply (other
-    dtypes, more than NATIVE_MAX_TOKENS tokens)."""
-    if (
-        weight.dtype != mx.float32
-        or x.dtype != mx.float32
-        or _tokens(x) > NATIVE_MAX_TOKENS
-    ):
-        return None
-    from . import native
-
-    module = native.load()
-    return None if module is None else module.small_linear(x, weight)
-
-
-def native_pair(first: nn.Module, second: nn.Module, x: mx.array) -> tuple:
-    """`apply_pair` on the native kernel (each product uses every core)."""
-    return native_linear(first, x), native_linear(second, x)
-
-
 def apply_pair(first: nn.Module, second: nn.Module, x: mx.array) -> tuple:
     """(first(x), second(x)): two linear layers on the same input."""
     return apply_linear(first, x), apply_linear(second, x)

@@ -113,12 +113,18 @@ def attention(
     q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None = None
 ) -> mx.array:
     """Scaled dot-product attention of (B, H, T, D) queries over (B, Hkv, S, D) keys and
-    values; `mask` as for `mx.fast.scaled_dot_product_attention`. Ours takes None or a
-    boolean (T, S) mask (True = may attend) and hands anything else to MLX's kernel."""
+    values; `mask` as for `mx.fast.scaled_dot_product_attention`. Ours takes None,
+    "causal" or a boolean (T, S) mask (True = may attend) and hands anything else to
+    MLX's kernel."""
+    rows = q.shape[2]
+    if isinstance(mask, str) and mask == "causal" and 4 <= rows <= MAX_QUERY_ROWS:
+        from mlx_lm.models.base import create_causal_mask
+
+        mask = create_causal_mask(rows, k.shape[2] - rows)
     own_mask = mask is None or (
         isinstance(mask, mx.array) and mask.ndim == 2 and mask.dtype == mx.bool_
     )
-    if not 4 <= q.shape[2] <= MAX_QUERY_ROWS or not own_mask:
+    if not 4 <= rows <= MAX_QUERY_ROWS or not own_mask:
         # Up to 3 query rows MLX's own kernel is as cheap (measured); prefill chunks
         # keep it too, as ours holds several score-sized arrays at once.
         return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)

@@ -174,6 +174,12 @@ class WindowedKVCache:
         return [] if self.keys is None else [self.keys, self.values]
 
 
+def _inference(module: nn.Module) -> Kernels:
+    """The module's kernels; MLX's own while training (fused kernels have no
+    gradients)."""
+    return MLX if module.training else module.kernels
+
+
 class MLP(nn.Module):
     kernels: Kernels = MLX  # Model.use_kernels picks the device's once
 
@@ -184,10 +190,10 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(hidden_dim, dim, bias=False)
 
     def __call__(self, x):
-        # fused CPU kernels have no gradients: training uses MLX's own ops
-        kernels = MLX if self.training else self.kernels
-        gate, up = kernels.linear_pair(self.gate_proj, self.up_proj, x)
-        return kernels.linear(self.down_proj, kernels.swiglu(gate, up))
+        kernels = _inference(self)
+        return kernels.linear(
+            self.down_proj, kernels.gated(self.gate_proj, self.up_proj, x)
+        )
 
 
 class Attention(nn.Module):
@@ -212,14 +218,12 @@ class Attention(nn.Module):
             hd, args.rope_theta, False, args.rope_scaling, args.max_position_embeddings
         )
 
-    def _linear(self, layer: nn.Module, x: mx.array) -> mx.array:
-        # fused CPU kernels have no gradients: training uses MLX's own ops
-        return layer(x) if self.training else self.kernels.linear(layer, x)
-
     def _keys_values(self, x, offset):
         B, L, _ = x.shape
-        k = self.k_norm(self._linear(self.k_proj, x).reshape(B, L, self.n_kv_heads, -1))
-        v = self._linear(self.v_proj, x).reshape(B, L, self.n_kv_heads, -1)
+        kernels = _inference(self)
+        k = kernels.linear(self.k_proj, x).reshape(B, L, self.n_kv_heads, -1)
+        k = kernels.norm(self.k_norm, k)
+        v = kernels.linear(self.v_proj, x).reshape(B, L, self.n_kv_heads, -1)
         k = self.rope(k.transpose(0, 2, 1, 3), offset=offset)
         return k, v.transpose(0, 2, 1, 3)
 
@@ -233,12 +237,12 @@ class Attention(nn.Module):
     def __call__(self, x, mask, cache: KVCache):
         B, L, _ = x.shape
         offset = cache.offset
-        q = self.q_norm(self._linear(self.q_proj, x).reshape(B, L, self.n_heads, -1))
-        q = self.rope(q.transpose(0, 2, 1, 3), offset=offset)
+        kernels = _inference(self)
+        q = kernels.linear(self.q_proj, x).reshape(B, L, self.n_heads, -1)
+        q = self.rope(kernels.norm(self.q_norm, q).transpose(0, 2, 1, 3), offset=offset)
         keys, values = cache.update_and_fetch(*self._keys_values(x, offset))
-        kernels = MLX if self.training else self.kernels  # no gradients for fused ones
         out = kernels.attention(q, keys, values, self.scale, mask)
-        return self._linear(self.o_proj, out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        return kernels.linear(self.o_proj, out.transpose(0, 2, 1, 3).reshape(B, L, -1))
 
 
 class DecoderLayer(nn.Module):
@@ -252,9 +256,12 @@ class DecoderLayer(nn.Module):
             args.hidden_size, eps=args.rms_norm_eps
         )
 
+    kernels: Kernels = MLX
+
     def __call__(self, x, mask, cache):
-        h = x + self.self_attn(self.input_layernorm(x), mask, cache)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        norm = _inference(self).norm
+        h = x + self.self_attn(norm(self.input_layernorm, x), mask, cache)
+        return h + self.mlp(norm(self.post_attention_layernorm, h))
 
 
 def block_mask(block_len: int, context_len: int, window: int | None, causal: bool):
@@ -298,7 +305,7 @@ class Model(nn.Module):
         MLX's."""
         self.kernels = kernels
         for module in self.modules():
-            if isinstance(module, (MLP, Attention)):
+            if isinstance(module, (MLP, Attention, DecoderLayer)):
                 module.kernels = kernels
 
     @property
@@ -324,9 +331,9 @@ class Model(nn.Module):
     def absorb(self, features: mx.array, cache: list[KVCache]):
         """Feed fused target features of newly committed tokens into the context
         cache."""
-        features = features.astype(self.dtype)
-        kernels = MLX if self.training else self.kernels
-        ctx = self.hidden_norm(kernels.linear(self.fc, features))
+        kernels = _inference(self)
+        ctx = kernels.linear(self.fc, features.astype(self.dtype))
+        ctx = kernels.norm(self.hidden_norm, ctx)
         for layer, c in zip(self.layers, cache, strict=True):
             layer.self_attn.absorb(ctx, c)
 
@@ -348,7 +355,7 @@ class Model(nn.Module):
             h = layer(h, masks[key], c)
         for c in cache:
             c.trim(L)
-        return self.norm(h)
+        return _inference(self).norm(self.norm, h)
 
     def propose(self, hidden, logits, anchor, params, noise=None):
         """Block tokens from drafted-position logits (L, V): (tokens, q or None when

@@ -1,13 +1,14 @@
 """The few ops whose kernels differ by device, chosen once per target or drafter.
 
 MLX's own ops everywhere, except on the CPU where MLX can compile them: there `cpu_ops`'
-fused exp makes softmax, SwiGLU and small-block attention cheaper (see cpu_ops.py), and
-on an OpenBLAS with small-matrix kernels the 1-3 token products of the target and the
-drafter run on them (see cpu_gemm.py).
+fused exp makes softmax, SwiGLU and small-block attention cheaper (see cpu_ops.py), the
+native kernels (dflash_mlx/native) run the products, norms and attention of decoding
+steps and verify blocks where they can be built, and otherwise, on an OpenBLAS with
+small-matrix kernels, the 1-3 token products run on those (see cpu_gemm.py).
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -17,8 +18,6 @@ from .cpu_gemm import (
     apply_pair,
     blocked_linear,
     blocked_pair,
-    native_linear,
-    native_pair,
     small_kernels,
 )
 
@@ -36,6 +35,16 @@ class Kernels:
     linear: Callable[[nn.Module, mx.array], mx.array] = apply_linear
     # (first, second, x) -> (first(x), second(x)): the MLP's gate and up
     linear_pair: Callable[[nn.Module, nn.Module, mx.array], tuple] = apply_pair
+    # (gate, up, x) -> silu(gate(x)) * up(x) as one kernel, where there is one
+    fused_gate: Callable[[nn.Module, nn.Module, mx.array], mx.array] | None = None
+    # (norm layer, x) -> norm(x): the RMSNorms of blocks and drafters
+    norm: Callable[[nn.Module, mx.array], mx.array] = lambda module, x: module(x)
+
+    def gated(self, gate: nn.Module, up: nn.Module, x: mx.array) -> mx.array:
+        """silu(gate(x)) * up(x): a SwiGLU MLP's first half."""
+        if self.fused_gate is not None:
+            return self.fused_gate(gate, up, x)
+        return self.swiglu(*self.linear_pair(gate, up, x))
 
 
 def _mlx_attention(q, k, v, scale, mask=None):
@@ -59,18 +68,24 @@ def for_device(device: mx.Device | None = None) -> Kernels:
     if device == mx.cpu and cpu_ops.available():
         from . import native
 
-        linear, pair = apply_linear, apply_pair
-        if native.load() is not None:
-            linear, pair = native_linear, native_pair
-        elif small_kernels():
-            linear, pair = blocked_linear, blocked_pair
-        return Kernels(
+        chosen = Kernels(
             name="cpu_ops",
             swiglu=cpu_ops.swiglu,
             softmax=cpu_ops.softmax,
             attention=cpu_ops.attention,
             cpu_blocks=True,
-            linear=linear,
-            linear_pair=pair,
         )
+        if native.load() is not None:
+            from .native import ops
+
+            return replace(
+                chosen,
+                attention=ops.attention,
+                linear=ops.linear,
+                fused_gate=ops.gated,
+                norm=ops.norm,
+            )
+        if small_kernels():
+            return replace(chosen, linear=blocked_linear, linear_pair=blocked_pair)
+        return chosen
     return MLX

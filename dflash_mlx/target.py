@@ -114,6 +114,20 @@ class _LayerTap:
         return out
 
 
+class _KernelNorm:
+    """Stands in for the model's final norm: the same layer on the device's
+    kernels."""
+
+    def __init__(self, norm: nn.Module, kernels: Kernels):
+        self.norm, self.kernels = norm, kernels
+
+    def __getattr__(self, name):
+        return getattr(self.__dict__["norm"], name)
+
+    def __call__(self, x):
+        return self.kernels.norm(self.norm, x)
+
+
 @dataclass
 class _DeltaRecord:
     """A GatedDeltaNet layer's verify pass: enough to redo it over a prefix."""
@@ -281,7 +295,10 @@ class Target:
             )
             for i, layer in enumerate(self.inner.layers)
         ]
-        return _view(self.inner, layers=taps)
+        if not self.cpu_blocks:
+            return _view(self.inner, layers=taps)
+        norm = _KernelNorm(self.inner.norm, self.kernels)
+        return _view(self.inner, layers=taps, norm=norm)
 
     def _check_rollback(self):
         """Every cache must be trimmable or a GatedDeltaNet state we can replay."""

@@ -15,12 +15,8 @@ from mlx_lm.models.cache import make_prompt_cache
 from numerics import assert_close
 
 from dflash_mlx import Target, cpu_ops, kernels, load, native
-from dflash_mlx.cpu_gemm import (
-    NATIVE_MAX_TOKENS,
-    apply_linear,
-    native_linear,
-    native_pair,
-)
+from dflash_mlx.cpu_gemm import apply_linear
+from dflash_mlx.native import ops
 
 BUILDABLE = (
     sys.platform == "linux"
@@ -128,6 +124,77 @@ def test_runs_on_other_threads_and_streams(module):
 
 
 @pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
+@pytest.mark.parametrize(
+    "tokens, rows, inputs", [(1, 37, 40), (3, 1536, 576), (9, 77, 130)]
+)
+def test_gated_linear_equals_swiglu(module, tokens, rows, inputs):
+    x = mx.random.normal((1, tokens, inputs))
+    gate, up = mx.random.normal((rows, inputs)), mx.random.normal((rows, inputs))
+    got = module.gated_linear(x, gate, up)
+    want = nn.silu(x @ gate.T) * (x @ up.T)
+    assert got.shape == want.shape
+    assert mx.allclose(got, want, atol=1e-3 * inputs**0.5, rtol=1e-4)
+    # the gate is small_linear's product, bit for bit
+    g = module.small_linear(x, gate)
+    assert mx.array_equal(got, g * module.small_linear(x, up) / (1 + mx.exp(-g))) or (
+        mx.allclose(got, nn.silu(g) * module.small_linear(x, up), atol=1e-5, rtol=1e-5)
+    )
+
+
+@pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
+@pytest.mark.parametrize("shape", [(1, 1, 576), (1, 8, 3, 64), (5, 40), (2, 3, 17)])
+def test_rms_norm_equals_mlx(module, shape):
+    x = mx.random.normal(shape) * 3.0
+    w = mx.random.normal(shape[-1:])
+    got = module.rms_norm(x, w, 1e-5)
+    assert mx.allclose(got, mx.fast.rms_norm(x, w, 1e-5), atol=1e-5, rtol=1e-5)
+    rows = x.reshape(-1, shape[-1])  # a row's result does not depend on the others
+    assert mx.array_equal(
+        module.rms_norm(rows[-1:], w, 1e-5)[0], got.reshape(rows.shape)[-1]
+    )
+
+
+@pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
+@pytest.mark.parametrize(
+    "heads, kv_heads, tokens, keys, dim, causal",
+    [
+        (9, 3, 1, 300, 64, False),  # a decoding step of the demo target
+        (9, 3, 8, 308, 64, True),  # a verify block
+        (4, 4, 3, 3, 16, True),  # a block that is the whole cache
+        (8, 2, 5, 37, 32, True),
+        (2, 1, 16, 20, 128, False),
+    ],
+)
+def test_block_attention_equals_mlx(module, heads, kv_heads, tokens, keys, dim, causal):
+    q = mx.random.normal((1, heads, tokens, dim))
+    k, v = mx.random.normal((2, 1, kv_heads, keys, dim))
+    if dim % module.lanes:
+        pytest.skip(f"head dim {dim} is not a multiple of {module.lanes} lanes")
+    scale = dim**-0.5
+    got = module.block_attention(q, k, v, scale, causal)
+    want = mx.fast.scaled_dot_product_attention(
+        q, k, v, scale=scale, mask="causal" if causal else None
+    )
+    assert got.shape == (1, tokens, heads, dim)
+    assert mx.allclose(got.transpose(0, 2, 1, 3), want, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
+def test_block_attention_reads_cache_views_and_each_row_alone(module):
+    buffer = mx.random.normal((1, 2, 512, 64))  # a KV cache's buffer, then its view
+    k, v = buffer[:, :, :300], (buffer * 2)[:, :, :300]
+    q = mx.random.normal((1, 6, 8, 64))
+    block = module.block_attention(q, k, v, 0.125, True)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+    assert mx.allclose(block.transpose(0, 2, 1, 3), want, atol=1e-5, rtol=1e-4)
+    for t in (0, 3, 7):  # token t alone, over the keys it sees: the same bits
+        alone = module.block_attention(
+            q[:, :, t : t + 1], k[:, :, : 293 + t], v[:, :, : 293 + t], 0.125, False
+        )
+        assert mx.array_equal(alone[:, 0], block[:, t])
+
+
+@pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
 def test_a_failed_build_is_remembered_and_explained(tmp_path, monkeypatch):
     """A compiler that fails: MLX's matmul, a reason naming the log, no rebuild."""
     fake = tmp_path / "bin" / "c++"
@@ -137,8 +204,8 @@ def test_a_failed_build_is_remembered_and_explained(tmp_path, monkeypatch):
     fake.chmod(0o755)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.setattr(native, "COMPILERS", (str(fake),))
-    monkeypatch.setattr(native, "SOURCE", tmp_path / "small_linear.cpp")
-    native.SOURCE.write_text("// a source this test alone builds\n")
+    monkeypatch.setattr(native, "FOLDER", tmp_path)
+    (tmp_path / "only.cpp").write_text("// a source this test alone builds\n")
     for _ in range(2):
         with pytest.raises(native._Unavailable, match="failed to build") as caught:
             native._load()
@@ -156,31 +223,29 @@ def test_no_compiler_keeps_mlx_matmul(monkeypatch):
 
 
 @pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
-def test_native_linear_applies_to_dense_float32_layers_only(module):
+def test_linear_applies_to_dense_float32_layers_only(module):
     x = mx.random.normal((1, 3, 64))
     for layer in (nn.Linear(64, 500), nn.Linear(64, 500, bias=False)):
-        assert mx.allclose(native_linear(layer, x), layer(x), atol=1e-4)
+        assert mx.allclose(ops.linear(layer, x), layer(x), atol=1e-4)
     embed = nn.Embedding(700, 64)
-    assert mx.allclose(native_linear(embed, x), embed.as_linear(x), atol=1e-4)
+    assert mx.allclose(ops.linear(embed, x), embed.as_linear(x), atol=1e-4)
     quantized = nn.QuantizedLinear(64, 512, bias=False)
-    assert mx.array_equal(native_linear(quantized, x), quantized(x))
+    assert mx.array_equal(ops.linear(quantized, x), quantized(x))
     half = nn.Linear(64, 300)
     half.set_dtype(mx.float16)
     x16 = x.astype(mx.float16)
-    assert mx.array_equal(native_linear(half, x16), half(x16))
+    assert mx.array_equal(ops.linear(half, x16), half(x16))
     wide = nn.Linear(64, 300)
-    many = mx.random.normal((1, NATIVE_MAX_TOKENS + 1, 64))  # prefill: BLAS wins
-    assert mx.array_equal(native_linear(wide, many), apply_linear(wide, many))
-    gate, up = native_pair(wide, quantized, x)
-    assert mx.array_equal(gate, native_linear(wide, x))
-    assert mx.array_equal(up, quantized(x))
+    many = mx.random.normal((1, ops.MAX_TOKENS + 1, 64))  # prefill: BLAS wins
+    assert mx.array_equal(ops.linear(wide, many), apply_linear(wide, many))
 
 
 @pytest.mark.skipif(not cpu_ops.available(), reason="MLX cannot compile CPU kernels")
 @pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
 def test_the_cpu_kernels_use_it():
     chosen = kernels.for_device(mx.cpu)
-    assert chosen.linear is native_linear and chosen.linear_pair is native_pair
+    assert chosen.linear is ops.linear and chosen.attention is ops.attention
+    assert chosen.fused_gate is ops.gated and chosen.norm is ops.norm
 
 
 @pytest.mark.skipif(not cpu_ops.available(), reason="MLX cannot compile CPU kernels")
@@ -194,7 +259,11 @@ def test_target_on_native_products_equals_mlx_lm(models_dir, family):
         tiny.make_target(path, family, vocab_size=6000, intermediate_size=1300)
     model, _ = load(str(path))
     chosen = dataclasses.replace(
-        kernels.for_device(mx.cpu), linear=native_linear, linear_pair=native_pair
+        kernels.for_device(mx.cpu),
+        linear=ops.linear,
+        attention=ops.attention,
+        fused_gate=ops.gated,
+        norm=ops.norm,
     )
     target = Target(model, kernels=chosen)
     assert target.cpu_blocks
@@ -207,3 +276,28 @@ def test_target_on_native_products_equals_mlx_lm(models_dir, family):
         hidden, _ = target(tokens, ours)
         depth = target.num_layers + 1
         assert_close(target.logits(hidden), model(tokens, cache=theirs), depth, family)
+
+
+@pytest.mark.skipif(not cpu_ops.available(), reason="MLX cannot compile CPU kernels")
+@pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
+@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3"])
+def test_a_verify_block_equals_plain_steps_bit_for_bit(models_dir, family):
+    """Batch-invariant kernels: the logits and drafter features of tokens verified
+    in one block are those of decoding them one at a time, exactly (so DFlash's
+    greedy output equals plain decoding's whatever the ties)."""
+    path = models_dir / f"{family}-native"
+    if not path.exists():
+        tiny.make_target(path, family, vocab_size=6000, intermediate_size=1300)
+    model, _ = load(str(path))
+    target = Target(model, (0, 1), kernels.for_device(mx.cpu))
+    prompt = mx.array([[5, 17, 99, 3, 42, 42, 7]])
+    block = mx.array([[11, 250, 3, 3, 98, 7, 1, 64]])
+    blocked, stepped = target.make_cache(), target.make_cache()
+    target(prompt, blocked)
+    target(prompt, stepped)
+    hidden, features = target(block, blocked)
+    logits = target.logits(hidden)
+    for t in range(block.shape[1]):
+        h, f = target(block[:, t : t + 1], stepped)
+        assert mx.array_equal(target.logits(h)[:, 0], logits[:, t]), t
+        assert mx.array_equal(f[:, 0], features[:, t]), t

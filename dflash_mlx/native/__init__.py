@@ -1,11 +1,14 @@
 """Native CPU kernels, compiled on first use for this machine and this MLX.
 
-`small_linear.cpp` is an MLX primitive (`x @ w.T` for a few rows of `x`; see its
-header for why). It is built the way MLX builds its own CPU kernels: with the system
-C++ compiler, on first use, into the user cache (`~/.cache/dflash-mlx/native`), keyed
-by everything the binary depends on (source, MLX, nanobind, Python, compiler, CPU),
-so later processes load it at once. It links the installed `libmlx` and joins MLX's
-nanobind domain, so it takes and returns `mx.array`s in lazy graphs like any op.
+The C++ files here are MLX ops for decoding steps and verify blocks on the CPU:
+`small_linear` (`x @ w.T` for a few rows of `x`), `gated_linear` (SwiGLU's first
+half), `rms_norm` and `block_attention` (a few query rows over a KV cache); `ops.h`
+says why. It is built the way MLX builds
+its own CPU kernels: with the system C++ compiler, on first use, into the user cache
+(`~/.cache/dflash-mlx/native`), keyed by everything the binary depends on (source,
+MLX, nanobind, Python, compiler, CPU), so later processes load it at once. It links
+the installed `libmlx` and joins MLX's nanobind domain, so it takes and returns
+`mx.array`s in lazy graphs like any op. `ops.py` wraps them as the CPU's kernels.
 
 Where it cannot be built (not Linux, no compiler, no Python headers, an MLX whose
 nanobind ABI differs) or fails its self-check, `load()` returns None and the caller
@@ -27,14 +30,15 @@ from types import ModuleType
 from typing import cast
 
 import mlx.core as mx
+import mlx.nn as nn
 
-SOURCE = Path(__file__).with_name("small_linear.cpp")
+FOLDER = Path(__file__).parent  # *.cpp and *.h: one module
 MODULE = "_dflash_native"
 COMPILERS = ("c++", "g++", "clang++")
 BUILD_SECONDS = 300
 # The self-check: odd sizes (a lane tail, a partial group of rows), more rows of x
-# than one pass takes, against MLX's matmul.
-CHECK_SHAPES = ((1, 37, 40), (3, 41, 64), (11, 9, 130))
+# than one pass takes, against MLX's own ops.
+CHECK_SHAPES = ((1, 37, 40), (3, 41, 64), (11, 9, 130), (5, 33, 64))
 CHECK_TOLERANCE = 1e-4
 
 _status = "not loaded yet"
@@ -107,8 +111,9 @@ def _cache_folder(compiler: str, nanobind_version: str) -> Path:
         [compiler, "--version"], capture_output=True, text=True, timeout=30
     ).stdout
     digest = hashlib.sha256()
+    sources = sorted([*FOLDER.glob("*.cpp"), *FOLDER.glob("*.h")])
     for part in (
-        SOURCE.read_bytes(),
+        *(f.name.encode() + f.read_bytes() for f in sources),
         version_of("mlx").encode(),
         nanobind_version.encode(),
         sys.version.encode(),
@@ -144,7 +149,7 @@ def _build(compiler, nanobind, python_include: Path, binary: Path, failed: Path)
         f"-I{nanobind.include_dir()}",
         f"-I{nb_dir / 'ext' / 'robin_map' / 'include'}",
         f"-I{python_include}",
-        str(SOURCE),
+        *map(str, sorted(FOLDER.glob("*.cpp"))),
         str(Path(nanobind.source_dir()) / "nb_combined.cpp"),
         f"-L{mlx_dir / 'lib'}",
         "-lmlx",
@@ -179,23 +184,52 @@ def _import(binary: Path) -> ModuleType:
 
 
 def _self_check(module: ModuleType):
-    """The kernels must take MLX's arrays and agree with its matmul."""
+    """Every op must take MLX's arrays and agree with MLX's own ops."""
+    try:
+        _check_ops(module)
+    except TypeError as e:  # another nanobind ABI than MLX's
+        raise _Unavailable(
+            f"MLX's matmul (the native kernels cannot take this MLX's arrays: {e})"
+        ) from e
+
+
+def _check_ops(module: ModuleType):
     key = mx.random.key(0)
     with mx.stream(mx.cpu):
         for tokens, rows, inputs in CHECK_SHAPES:
-            kx, kw, key = mx.random.split(key, 3)
-            x = mx.random.normal((tokens, inputs), key=kx)
-            w = mx.random.normal((rows, inputs), key=kw)
-            try:
-                ours = module.small_linear(x, w)
-            except TypeError as e:  # another nanobind ABI than MLX's
-                raise _Unavailable(
-                    f"MLX's matmul (the native kernels cannot take this MLX's "
-                    f"arrays: {e})"
-                ) from e
-            error = cast(float, mx.abs(ours - x @ w.T).max().item())
-            if not error <= CHECK_TOLERANCE * inputs:
-                raise _Unavailable(
-                    f"MLX's matmul (the native kernels are off by {error:.2e} "
-                    f"on a {tokens}x{inputs} @ {inputs}x{rows} product)"
+            kx, kg, ku, key = mx.random.split(key, 4)
+            x = mx.random.normal((1, tokens, inputs), key=kx)
+            gate = mx.random.normal((rows, inputs), key=kg)
+            up = mx.random.normal((rows, inputs), key=ku)
+            norm = gate[0]
+            q, kv = x.reshape(1, 1, tokens, inputs), gate.reshape(1, 1, rows, inputs)
+            causal = "causal" if tokens <= rows else None
+            checks = {
+                "small_linear": (module.small_linear(x, gate), x @ gate.T),
+                "gated_linear": (
+                    module.gated_linear(x, gate, up),
+                    nn.silu(x @ gate.T) * (x @ up.T),
+                ),
+                "rms_norm": (
+                    module.rms_norm(x, norm, 1e-5),
+                    mx.fast.rms_norm(x, norm, 1e-5),
+                ),
+            }
+            if inputs % module.lanes == 0:
+                checks["block_attention"] = (
+                    module.block_attention(q, kv, kv, 0.1, causal is not None),
+                    mx.fast.scaled_dot_product_attention(
+                        q, kv, kv, scale=0.1, mask=causal
+                    ).transpose(0, 2, 1, 3),
                 )
+            for name, (ours, theirs) in checks.items():
+                _compare(name, ours, theirs, inputs)
+
+
+def _compare(name: str, ours: mx.array, theirs: mx.array, inputs: int):
+    error = cast(float, mx.abs(ours - theirs).max().item())
+    scale = cast(float, mx.abs(theirs).max().item())
+    if not error <= CHECK_TOLERANCE * inputs * max(scale, 1.0) ** 0.5:
+        raise _Unavailable(
+            f"MLX's matmul (native {name} is off by {error:.2e} on {ours.shape})"
+        )

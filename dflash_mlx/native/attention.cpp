@@ -1,0 +1,188 @@
+// block_attention: a few query rows over a KV cache, one pass per kv head, where
+// MLX's CPU path is a matmul, a softmax and another matmul, each an op of its own.
+#include <algorithm>
+#include <cmath>
+
+#include "ops.h"
+#include "simd.h"
+#include "workers.h"
+
+namespace dflash {
+namespace {
+
+constexpr double PARALLEL_WORK = 1 << 17;  // rows x keys x dim below: one thread
+
+// Query rows [r0, r1) of one kv head (each row: q, out, visible keys), over keys
+// and values with row strides ks, vs and C = dim / LANES vectors per row.
+// Scores: each key is loaded once for all the rows; values: two sets of
+// accumulators (even and odd keys) so that no multiply-add waits on the last.
+template <int C>
+void attend_head(const float* const* q, float* const* out, const int* visible,
+                 int rows, const float* k, int64_t ks, const float* v, int64_t vs,
+                 float scale, std::vector<float>& scores) {
+  constexpr int MAX_ROWS = 32;  // rows sharing one pass over the keys
+  const int keys = *std::max_element(visible, visible + rows);
+  scores.resize((size_t)MAX_ROWS * keys);
+  for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {
+    const int n = std::min(MAX_ROWS, rows - r0);
+    for (int j = 0; j < keys; j++) {
+      vec kj[C];
+      for (int c = 0; c < C; c++) kj[c] = load(k + j * ks + c * LANES);
+      for (int r = 0; r < n; r++) {
+        const float* qr = q[r0 + r];
+        vec acc = kj[0] * load(qr);
+        for (int c = 1; c < C; c++) acc += kj[c] * load(qr + c * LANES);
+        scores[(size_t)r * keys + j] = lane_sum(acc) * scale;
+      }
+    }
+    for (int r = 0; r < n; r++) {
+      float* s = &scores[(size_t)r * keys];
+      const int seen = visible[r0 + r];
+      float best = -INFINITY;
+      for (int j = 0; j < seen; j++) best = std::max(best, s[j]);
+      const int body = seen - seen % LANES;
+      vec sums{};
+      for (int j = 0; j < body; j += LANES) {
+        vec e = vexp(load(s + j) - best);
+        store(s + j, e);
+        sums += e;
+      }
+      float total = lane_sum(sums);
+      for (int j = body; j < seen; j++) {
+        s[j] = vexp(vec{} + (s[j] - best))[0];
+        total += s[j];
+      }
+      vec even[C] = {}, odd[C] = {};
+      int j = 0;
+      for (; j + 1 < seen; j += 2) {
+        const float* v0 = v + j * vs;
+        const float* v1 = v0 + vs;
+        for (int c = 0; c < C; c++) {
+          even[c] += s[j] * load(v0 + c * LANES);
+          odd[c] += s[j + 1] * load(v1 + c * LANES);
+        }
+      }
+      if (j < seen)
+        for (int c = 0; c < C; c++) even[c] += s[j] * load(v + j * vs + c * LANES);
+      float* o = out[r0 + r];
+      for (int c = 0; c < C; c++) {
+        store(o + c * LANES, (even[c] + odd[c]) / total);
+      }
+    }
+  }
+}
+
+using HeadFn = void (*)(const float* const*, float* const*, const int*, int,
+                        const float*, int64_t, const float*, int64_t, float,
+                        std::vector<float>&);
+
+HeadFn head_kernel(int dim) {
+  if (dim % LANES != 0) return nullptr;
+  switch (dim / LANES) {
+    case 1: return attend_head<1>;
+    case 2: return attend_head<2>;
+    case 4: return attend_head<4>;
+    case 8: return attend_head<8>;
+    case 16: return attend_head<16>;
+  }
+  return nullptr;
+}
+
+struct AttentionShape {
+  int batch, heads, kv_heads, tokens, keys, dim;
+  int64_t q_stride[4], k_stride[4], v_stride[4];  // elements; the last is 1
+};
+
+// Rows [r0, r1) in (batch, kv head, head of its group, token) order, written to
+// the output (batch, tokens, heads, dim); rows of one kv head go together.
+void attend_rows(const float* q, const float* k, const float* v, float* out,
+                 const AttentionShape& s, float scale, bool causal, int r0,
+                 int r1) {
+  thread_local std::vector<float> scores;
+  thread_local std::vector<const float*> queries;
+  thread_local std::vector<float*> outputs;
+  thread_local std::vector<int> visible;
+  const HeadFn kernel = head_kernel(s.dim);
+  const int groups = s.heads / s.kv_heads;
+  const int per_head = groups * s.tokens;
+  for (int r = r0; r < r1;) {
+    const int head_of = r / per_head;
+    const int end = std::min(r1, (head_of + 1) * per_head);
+    const int b = head_of / s.kv_heads, kvh = head_of % s.kv_heads;
+    queries.clear();
+    outputs.clear();
+    visible.clear();
+    for (; r < end; r++) {
+      int t = r % s.tokens, h = kvh * groups + (r % per_head) / s.tokens;
+      queries.push_back(q + b * s.q_stride[0] + h * s.q_stride[1] +
+                        t * s.q_stride[2]);
+      outputs.push_back(out + (((int64_t)b * s.tokens + t) * s.heads + h) * s.dim);
+      visible.push_back(causal ? s.keys - s.tokens + t + 1 : s.keys);
+    }
+    kernel(queries.data(), outputs.data(), visible.data(), (int)queries.size(),
+           k + b * s.k_stride[0] + kvh * s.k_stride[1], s.k_stride[2],
+           v + b * s.v_stride[0] + kvh * s.v_stride[1], s.v_stride[2], scale,
+           scores);
+  }
+}
+
+AttentionShape attention_shape(const mx::array& q, const mx::array& k,
+                               const mx::array& v) {
+  AttentionShape s{q.shape(0), q.shape(1), k.shape(1), q.shape(2), k.shape(2),
+                   q.shape(3), {}, {}, {}};
+  for (int i = 0; i < 4; i++) {
+    s.q_stride[i] = q.strides()[i];
+    s.k_stride[i] = k.strides()[i];
+    s.v_stride[i] = v.strides()[i];
+  }
+  return s;
+}
+
+}  // namespace
+
+mx::array block_attention(const mx::array& q, const mx::array& k,
+                          const mx::array& v, float scale, bool causal) {
+  if (q.ndim() != 4 || k.ndim() != 4 || v.shape() != k.shape() ||
+      q.shape(0) != k.shape(0) || q.shape(3) != k.shape(3) || k.shape(1) == 0 ||
+      q.shape(1) % k.shape(1) != 0 || (causal && q.shape(2) > k.shape(2)) ||
+      head_kernel(q.shape(3)) == nullptr) {
+    throw std::invalid_argument(
+        "block_attention: q (B, H, T, D), k and v (B, Hkv, S, D), H a multiple of "
+        "Hkv, T <= S when causal, D a power-of-two multiple of the vector width");
+  }
+  auto run = [scale, causal](const std::vector<mx::array>& in, mx::array& out) {
+    const auto &q = in[0], &k = in[1], &v = in[2];
+    std::vector<float> qs, ks, vs;
+    AttentionShape s = attention_shape(q, k, v);
+    const float* qp = q.data<float>();
+    if (q.strides()[3] != 1) {
+      qp = dense(q, qs);
+      s.q_stride[0] = (int64_t)s.heads * s.tokens * s.dim;
+      s.q_stride[1] = (int64_t)s.tokens * s.dim;
+      s.q_stride[2] = s.dim;
+    }
+    // keys and values are read where the cache holds them, as strided views
+    const float* kp = k.data<float>();
+    const float* vp = v.data<float>();
+    if (k.strides()[3] != 1 || v.strides()[3] != 1) {
+      kp = dense(k, ks);
+      vp = dense(v, vs);
+      for (auto* st : {s.k_stride, s.v_stride}) {
+        st[0] = (int64_t)s.kv_heads * s.keys * s.dim;
+        st[1] = (int64_t)s.keys * s.dim;
+        st[2] = s.dim;
+      }
+    }
+    float* o = out.data<float>();
+    int rows = s.batch * s.heads * s.tokens;
+    double work = (double)rows * s.keys * s.dim;
+    Workers::get().split(rows, 1, work >= PARALLEL_WORK, [&](int r0, int r1) {
+      attend_rows(qp, kp, vp, o, s, scale, causal, r0, r1);
+    });
+  };
+  mx::Shape shape{q.shape(0), q.shape(2), q.shape(1), q.shape(3)};
+  return kernel_output("BlockAttention", shape, run, {q, k, v},
+                       {scale, causal ? 1.0f : 0.0f});
+}
+
+}  // namespace dflash

@@ -1,0 +1,81 @@
+"""The native kernels as the CPU's kernels (see kernels.for_device): each applies
+where its compiled op does (float32, a decoding step or a verify block) and hands
+anything else to the kernel it stands in for."""
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .. import cpu_ops
+from ..cpu_gemm import apply_linear
+from . import load
+
+# measured on the demo target: from 16 tokens OpenBLAS's packed products catch up
+MAX_TOKENS = 16
+
+
+def linear(module: nn.Module, x: mx.array) -> mx.array:
+    """`module(x)` (or a tied embedding's `as_linear(x)`), on `small_linear` for a
+    dense float32 layer applied to at most MAX_TOKENS tokens."""
+    if not _dense(module) or not _applies(x, module.weight):
+        return apply_linear(module, x)
+    y = _kernels().small_linear(x, module.weight)
+    bias = getattr(module, "bias", None) if type(module) is nn.Linear else None
+    return y if bias is None else y + bias
+
+
+def gated(gate: nn.Module, up: nn.Module, x: mx.array) -> mx.array:
+    """silu(gate(x)) * up(x), on `gated_linear` for bias-free dense float32 layers."""
+    fused = (
+        type(gate) is type(up) is nn.Linear
+        and "bias" not in gate
+        and "bias" not in up
+        and _applies(x, gate.weight)
+        and up.weight.dtype == mx.float32
+    )
+    if not fused:
+        return cpu_ops.swiglu(linear(gate, x), linear(up, x))
+    return _kernels().gated_linear(x, gate.weight, up.weight)
+
+
+def norm(module: nn.Module, x: mx.array) -> mx.array:
+    """`module(x)`, on `rms_norm` for an `nn.RMSNorm` over float32 rows (any
+    number: each row is normed alone)."""
+    if (
+        type(module) is not nn.RMSNorm
+        or not x.dtype == module.weight.dtype == mx.float32
+    ):
+        return module(x)
+    return _kernels().rms_norm(x, module.weight, module.eps)
+
+
+def attention(q, k, v, scale: float, mask=None) -> mx.array:
+    """`cpu_ops.attention` (same arguments, (B, H, T, D) out), on `block_attention`
+    for float32 blocks of at most MAX_TOKENS queries with no mask or a causal one."""
+    kernels = _kernels()
+    if (
+        q.shape[2] > MAX_TOKENS
+        or not (mask is None or (isinstance(mask, str) and mask == "causal"))
+        or q.shape[-1] % kernels.lanes
+        or not all(a.dtype == mx.float32 for a in (q, k, v))
+    ):
+        return cpu_ops.attention(q, k, v, scale, mask)
+    out = kernels.block_attention(q, k, v, scale, mask == "causal")
+    return out.transpose(0, 2, 1, 3)  # (B, T, H, D) in memory: reshapes for free
+
+
+def _dense(module: nn.Module) -> bool:
+    # exact types only: quantized layers are not dense products, and sharded
+    # layers' subclasses add collectives around theirs
+    return type(module) in (nn.Linear, nn.Embedding)
+
+
+def _applies(x: mx.array, weight: mx.array) -> bool:
+    tokens = x.size // max(x.shape[-1], 1)
+    return x.dtype == weight.dtype == mx.float32 and tokens <= MAX_TOKENS
+
+
+def _kernels():
+    module = load()
+    if module is None:
+        raise RuntimeError("dflash_mlx.native.ops needs the native kernels (load())")
+    return module
