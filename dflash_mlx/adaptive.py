@@ -39,6 +39,9 @@ EXPLORE_BLOCKS = 2  # an exploration runs this many blocks: one block says littl
 # drafting; in the reverse, it never drafted again (tests/test_policy_start.py).
 MEMORY_BLOCKS = 128.0
 MAX_EXPLORE_GAP = 128  # blocks; the gap doubles after each losing exploration
+# A block time counts at most this many times the current estimate: a pause of the
+# process (a page fault, another program) is not what a block size costs.
+TIME_OUTLIER = 1.5
 
 
 class AdaptiveBlockSize:
@@ -185,9 +188,9 @@ class AdaptiveBlockSize:
         if self._confidence is not None and len(self._confidence) == size - 1:
             self._count_cut(self._confidence, size, verified, n_accepted)
         self._confidence = None
-        self.seconds[size] = self._smooth(self.seconds.get(size), seconds)
+        self.seconds[size] = self._smooth_time(self.seconds.get(size), seconds)
         if verify_seconds is not None:
-            self.verify_seconds[verified] = self._smooth(
+            self.verify_seconds[verified] = self._smooth_time(
                 self.verify_seconds.get(verified), verify_seconds
             )
         self._tokens = self._smooth(self._tokens, n_accepted + 1)
@@ -229,6 +232,9 @@ class AdaptiveBlockSize:
 
     def _smooth(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.smoothing * (new - old)
+
+    def _smooth_time(self, old: float | None, new: float) -> float:
+        return self._smooth(old, new if old is None else min(new, old * TIME_OUTLIER))
 
     @property
     def tokens_rate(self) -> float | None:

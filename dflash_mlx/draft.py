@@ -300,6 +300,15 @@ class Model(nn.Module):
 
     kernels: Kernels = MLX
 
+    def projections(self) -> list[nn.Linear]:
+        """The linear layers inference runs through `kernels.linear`/`gated`."""
+        layers = [self.fc]
+        for layer in self.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            layers += [attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj]
+            layers += [mlp.gate_proj, mlp.up_proj, mlp.down_proj]
+        return layers
+
     def use_kernels(self, kernels: Kernels):
         """Run inference through `kernels` (see kernels.for_device); training uses
         MLX's."""

@@ -39,6 +39,8 @@ class Kernels:
     fused_gate: Callable[[nn.Module, nn.Module, mx.array], mx.array] | None = None
     # (norm layer, x) -> norm(x): the RMSNorms of blocks and drafters
     norm: Callable[[nn.Module, mx.array], mx.array] = lambda module, x: module(x)
+    # `linear` and `fused_gate` take float16/bfloat16 weights with float32 inputs
+    half_weights: bool = False
 
     def gated(self, gate: nn.Module, up: nn.Module, x: mx.array) -> mx.array:
         """silu(gate(x)) * up(x): a SwiGLU MLP's first half."""
@@ -84,6 +86,7 @@ def for_device(device: mx.Device | None = None) -> Kernels:
                 linear=ops.linear,
                 fused_gate=ops.gated,
                 norm=ops.norm,
+                half_weights=True,
             )
         if small_kernels():
             return replace(chosen, linear=blocked_linear, linear_pair=blocked_pair)

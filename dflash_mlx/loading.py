@@ -1,6 +1,7 @@
 """Loading targets and drafters from Hub ids or local folders, with fix-it errors."""
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import mlx.core as mx
@@ -257,10 +258,14 @@ def _load_drafter_weights(model: draft_module.Model, path: Path, what: str):
         raise ValueError(f"{what} weights do not match its config ({e}).") from e
 
 
-def _drafter_dtype(model: draft_module.Model):
-    if mx.default_device() == mx.cpu and model.dtype != mx.float32:
+def _drafter_dtype(model: draft_module.Model, kernels):
+    stored = model.dtype
+    if mx.default_device() == mx.cpu and stored != mx.float32:
         model.set_dtype(mx.float32)  # MLX's CPU half-precision matmuls are ~10x slower
-    elif model.dtype == mx.float16:
+        if kernels.half_weights:  # native products read them as stored: half the bytes
+            for layer in model.projections():
+                layer.set_dtype(stored)
+    elif stored == mx.float16:
         # float16 activations overflow in the feature fusion (0% acceptance); bfloat16
         # has float32's range.
         model.set_dtype(mx.bfloat16)
@@ -337,11 +342,14 @@ def load_draft(
             class_predicate=lambda p, m: isinstance(m, nn.Linear),
         )
     _load_drafter_weights(model, path, what)
-    _drafter_dtype(model)
+    kernels = for_device()
+    _drafter_dtype(
+        model, kernels if bits is None else replace(kernels, half_weights=False)
+    )
     if bits is not None and not stored_quant:
         _quantize_drafter(model, bits, group_size)
     model.eval()
-    model.use_kernels(for_device())
+    model.use_kernels(kernels)
     mx.eval(model.parameters())
     model.name_or_path = str(path_or_repo)
     model.context_window = sliding_window_size

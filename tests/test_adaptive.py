@@ -181,3 +181,18 @@ def test_cut_blocks_are_lossless(tiny_pair, family):
     assert {r.block_size for r in responses[1:]} - {1} and 1 in {
         r.block_size for r in responses
     }
+
+
+def test_a_pause_counts_as_a_slower_block_not_as_a_new_cost():
+    """One block slowed by the process pausing (a page fault, another program) moves
+    the size's time estimate by at most TIME_OUTLIER x the smoothing."""
+    from dflash_mlx.adaptive import TIME_OUTLIER
+
+    p = AdaptiveBlockSize(8)
+    p.observe(2, 1, 0.040, verified=2, verify_seconds=0.035)
+    p.observe(2, 1, 0.400, verified=2, verify_seconds=0.350)  # a 10x pause
+    step = p.smoothing * (TIME_OUTLIER - 1)
+    assert p.seconds[2] == pytest.approx(0.040 * (1 + step))
+    assert p.verify_seconds[2] == pytest.approx(0.035 * (1 + step))
+    p.observe(2, 1, 0.030, verified=2)  # faster blocks count in full
+    assert p.seconds[2] == pytest.approx(0.040 * (1 + step) * 0.7 + 0.030 * 0.3)

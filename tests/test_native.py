@@ -301,3 +301,65 @@ def test_a_verify_block_equals_plain_steps_bit_for_bit(models_dir, family):
         h, f = target(block[:, t : t + 1], stepped)
         assert mx.array_equal(target.logits(h)[:, 0], logits[:, t]), t
         assert mx.array_equal(f[:, 0], features[:, t]), t
+
+
+@pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+def test_half_weights_give_the_float32_products_of_their_values(module, dtype):
+    """Weights kept in float16/bfloat16 (a shipped drafter's) are read as the float32
+    values they hold, at half the bytes: the float32 copy's products, to rounding."""
+    x = mx.random.normal((1, 5, 200))
+    gate = mx.random.normal((300, 200)).astype(dtype)
+    up = mx.random.normal((300, 200)).astype(dtype)
+    wide = (gate.astype(mx.float32), up.astype(mx.float32))
+
+    def same(a, b):
+        return mx.allclose(a, b, atol=1e-5, rtol=1e-6).item()
+
+    assert same(module.small_linear(x, gate), module.small_linear(x, wide[0]))
+    assert same(module.gated_linear(x, gate, up), module.gated_linear(x, *wide))
+    strided = gate[::2]  # not row-contiguous: read through a float32 copy
+    assert same(module.small_linear(x, strided), module.small_linear(x, wide[0][::2]))
+    other = mx.random.normal((300, 200))  # and a wrong weight is far from it
+    assert not same(module.small_linear(x, gate), module.small_linear(x, other))
+    with pytest.raises(ValueError, match="float32 activations"):
+        module.small_linear(x.astype(dtype), gate)
+
+
+@pytest.mark.skipif(not cpu_ops.available(), reason="MLX cannot compile CPU kernels")
+@pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
+def test_a_half_precision_drafter_keeps_its_projections_half(tiny_pair):
+    """On the CPU a float16 drafter's projections stay float16 (the native kernels
+    read them as stored), its norms and activations float32: it drafts what its
+    float32 copy drafts."""
+    from dflash_mlx import load_draft
+    from dflash_mlx.cache import PromptCache
+    from dflash_mlx.draft_head import DraftHead
+    from dflash_mlx.engine import _draft, as_target
+    from dflash_mlx.verify import SamplingParams
+
+    target_dir, draft_dir = tiny_pair("qwen3")
+    model, _ = load(str(target_dir))
+    half = load_draft(str(draft_dir))
+    assert all(layer.weight.dtype == mx.float32 for layer in half.projections())
+    half.set_dtype(mx.float16)  # as a float16 checkpoint loads
+    from dflash_mlx.loading import _drafter_dtype
+
+    _drafter_dtype(half, kernels.for_device(mx.cpu))
+    wide = load_draft(str(draft_dir))
+    wide.update(half.parameters())  # the same values, then widened
+    wide.set_dtype(mx.float32)
+    assert all(layer.weight.dtype == mx.float16 for layer in half.projections())
+    assert half.norm.weight.dtype == mx.float32 and half.dtype == mx.float32
+    target = as_target(model, half)
+    params = SamplingParams(0.0, 1.0, 0, 0.0)
+    block = mx.array([[5] + [half.args.mask_token_id] * (half.args.block_size - 1)])
+    outs = []
+    for drafter in (half, wide):
+        cache = PromptCache(target, drafter)
+        hidden, features = target(mx.array([[5, 17, 99, 3, 42]]), cache.target)
+        drafter.absorb(features, cache.draft)
+        head = DraftHead.for_drafter(target, drafter)
+        outs.append(_draft(target, drafter, head, cache, block, params, None))
+    assert mx.array_equal(outs[0][0], outs[1][0])  # proposals
+    assert mx.allclose(outs[0][2], outs[1][2], atol=1e-5)  # confidences

@@ -12,10 +12,11 @@ namespace {
 constexpr int MAX_CHUNK = 8;  // rows of x multiplied per pass over a group of w rows
 constexpr size_t PARALLEL_BYTES = 1 << 17;  // smaller weights run on one thread
 
-// y[t * ldy + o] for o in [o0, o1), t < T, in groups of R output rows. Each
-// element is LANES partial sums over `in` in order, their tree sum, then the tail.
-template <int T, int R>
-void rows_fixed(const float* w, const float* x, float* y, int o0, int o1, int ldy,
+// y[t * ldy + o] for o in [o0, o1), t < T, in groups of R output rows of the
+// weights w (in, W-typed). Each element is LANES partial sums over `in` in order,
+// their tree sum, then the tail.
+template <Weights W, int T, int R>
+void rows_fixed(const void* w, const float* x, float* y, int o0, int o1, int ldy,
                 int in) {
   const int body = in - in % LANES;
   int o = o0;
@@ -27,51 +28,93 @@ void rows_fixed(const float* w, const float* x, float* y, int o0, int o1, int ld
       vec xs[T];
       for (int t = 0; t < T; t++) xs[t] = load(x + (size_t)t * in + i);
       for (int r = 0; r < R; r++) {
-        vec wr = load(w + (size_t)(o + r) * in + i);
+        vec wr = load_weights<W>(w, (size_t)(o + r) * in + i);
         for (int t = 0; t < T; t++) acc[r][t] += wr * xs[t];
       }
     }
     for (int r = 0; r < R; r++) {
-      const float* wr = w + (size_t)(o + r) * in;
+      const size_t row = (size_t)(o + r) * in;
       for (int t = 0; t < T; t++) {
         float tail = 0.0f;
-        for (int i = body; i < in; i++) tail += wr[i] * x[(size_t)t * in + i];
+        for (int i = body; i < in; i++)
+          tail += weight_at<W>(w, row + i) * x[(size_t)t * in + i];
         y[(size_t)t * ldy + o + r] = lane_sum(acc[r][t]) + tail;
       }
     }
   }
   if constexpr (R > 1) {
-    if (o < o1) rows_fixed<T, 1>(w, x, y, o, o1, ldy, in);
+    if (o < o1) rows_fixed<W, T, 1>(w, x, y, o, o1, ldy, in);
   }
 }
 
 // More rows of w per group where x has few rows: more sums in registers per load.
-template <int T>
-void rows_t(const float* w, const float* x, float* y, int o0, int o1, int ldy,
+template <Weights W, int T>
+void rows_t(const void* w, const float* x, float* y, int o0, int o1, int ldy,
             int in) {
   constexpr int R = T <= 2 ? 4 : (T <= 4 ? 3 : 2);
-  rows_fixed<T, R>(w, x, y, o0, o1, ldy, in);
+  rows_fixed<W, T, R>(w, x, y, o0, o1, ldy, in);
 }
 
-using RowsFn = void (*)(const float*, const float*, float*, int, int, int, int);
+using RowsFn = void (*)(const void*, const float*, float*, int, int, int, int);
+
+template <Weights W>
 constexpr RowsFn ROWS[MAX_CHUNK + 1] = {
-    nullptr,   rows_t<1>, rows_t<2>, rows_t<3>, rows_t<4>,
-    rows_t<5>, rows_t<6>, rows_t<7>, rows_t<8>};
+    nullptr,         rows_t<W, 1>, rows_t<W, 2>, rows_t<W, 3>, rows_t<W, 4>,
+    rows_t<W, 5>,    rows_t<W, 6>, rows_t<W, 7>, rows_t<W, 8>};
 
 // Output rows [o0, o1) for all `tokens` rows of x, MAX_CHUNK of them at a time.
-void product_rows(const float* w, const float* x, float* y, int o0, int o1,
-                  int ldy, int in, int tokens) {
+template <Weights W>
+void product_rows_of(const void* w, const float* x, float* y, int o0, int o1,
+                     int ldy, int in, int tokens) {
   for (int t0 = 0; t0 < tokens; t0 += MAX_CHUNK) {
     int n = std::min(MAX_CHUNK, tokens - t0);
-    ROWS[n](w, x + (size_t)t0 * in, y + (size_t)t0 * ldy, o0, o1, ldy, in);
+    ROWS<W>[n](w, x + (size_t)t0 * in, y + (size_t)t0 * ldy, o0, o1, ldy, in);
   }
 }
 
-// Runs job(o0, o1) over the output rows on every core when the weights are big.
-void over_rows(int out, int in, int weights,
+// A weight matrix as the kernels read it: its rows, in its storage type.
+struct Matrix {
+  const void* data;
+  Weights type;
+  int rows, in;
+
+  // y[t * ldy + o] for rows o in [o0, o1) (of this matrix) and all tokens of x
+  void product(const float* x, float* y, int o0, int o1, int ldy,
+               int tokens) const {
+    switch (type) {
+      case Weights::f32: return product_rows_of<Weights::f32>(data, x, y, o0, o1, ldy, in, tokens);
+      case Weights::f16: return product_rows_of<Weights::f16>(data, x, y, o0, o1, ldy, in, tokens);
+      case Weights::bf16: return product_rows_of<Weights::bf16>(data, x, y, o0, o1, ldy, in, tokens);
+    }
+  }
+
+  // the rows from `first` on, as a matrix of their own
+  Matrix from(int first) const {
+    size_t bytes = type == Weights::f32 ? 4 : 2;
+    return {static_cast<const char*>(data) + (size_t)first * in * bytes, type,
+            rows - first, in};
+  }
+};
+
+// A weight's matrix: its own rows where they are dense, else a float32 copy in
+// `scratch`.
+Matrix matrix(const mx::array& w, std::vector<float>& scratch) {
+  Matrix m{nullptr, Weights::f32, w.shape(0), w.shape(1)};
+  if (w.dtype() == mx::float32 || !w.flags().row_contiguous) {
+    m.data = dense(w, scratch);
+  } else {
+    m.data = w.data<uint16_t>();
+    m.type = w.dtype() == mx::float16 ? Weights::f16 : Weights::bf16;
+  }
+  return m;
+}
+
+// Runs job(o0, o1) over a matrix's output rows, on every core when `weights`
+// such matrices are big.
+void over_rows(const Matrix& w, int weights,
                const std::function<void(int, int)>& job) {
-  size_t bytes = (size_t)weights * out * in * sizeof(float);
-  Workers::get().split(out, 4, bytes >= PARALLEL_BYTES, job);
+  size_t bytes = (size_t)weights * w.rows * w.in * sizeof(float);
+  Workers::get().split(w.rows, 4, bytes >= PARALLEL_BYTES, job);
 }
 
 mx::Shape out_shape(const mx::array& x, const mx::array& w) {
@@ -89,12 +132,11 @@ mx::array small_linear(const mx::array& x, const mx::array& w) {
   auto run = [](const std::vector<mx::array>& in, mx::array& out) {
     std::vector<float> xs, ws;
     const float* x = dense(in[0], xs);
-    const float* w = dense(in[1], ws);
-    int rows = in[1].shape(0), n = in[1].shape(1);
-    int tokens = n ? (int)(in[0].size() / n) : 0;
+    const Matrix w = matrix(in[1], ws);
+    int tokens = w.in ? (int)(in[0].size() / w.in) : 0;
     float* y = out.data<float>();
-    over_rows(rows, n, 1, [&](int o0, int o1) {
-      product_rows(w, x, y, o0, o1, rows, n, tokens);
+    over_rows(w, 1, [&](int o0, int o1) {
+      w.product(x, y, o0, o1, w.rows, tokens);
     });
   };
   return kernel_output("SmallLinear", out_shape(x, w), run, {x, w});
@@ -109,22 +151,20 @@ mx::array gated_linear(const mx::array& x, const mx::array& gate,
   auto run = [](const std::vector<mx::array>& in, mx::array& out) {
     std::vector<float> xs, gs, us;
     const float* x = dense(in[0], xs);
-    const float* g = dense(in[1], gs);
-    const float* u = dense(in[2], us);
-    int rows = in[1].shape(0), n = in[1].shape(1);
-    int tokens = n ? (int)(in[0].size() / n) : 0;
+    const Matrix g = matrix(in[1], gs), u = matrix(in[2], us);
+    int tokens = g.in ? (int)(in[0].size() / g.in) : 0;
     float* y = out.data<float>();
-    over_rows(rows, n, 2, [&](int o0, int o1) {
+    over_rows(g, 2, [&](int o0, int o1) {
       // this part's gate and up products (as small_linear's), then
       // silu(gate) * up = gate * up / (1 + exp(-gate))
       const int width = o1 - o0;
       std::vector<float> gates((size_t)tokens * width), ups(gates.size());
-      product_rows(g + (size_t)o0 * n, x, gates.data(), 0, width, width, n, tokens);
-      product_rows(u + (size_t)o0 * n, x, ups.data(), 0, width, width, n, tokens);
+      g.from(o0).product(x, gates.data(), 0, width, width, tokens);
+      u.from(o0).product(x, ups.data(), 0, width, width, tokens);
       for (int t = 0; t < tokens; t++) {
         const float* gt = &gates[(size_t)t * width];
         const float* ut = &ups[(size_t)t * width];
-        float* yt = y + (size_t)t * rows + o0;
+        float* yt = y + (size_t)t * g.rows + o0;
         int o = 0;
         for (; o + LANES <= width; o += LANES) {
           vec gv = load(gt + o);

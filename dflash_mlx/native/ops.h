@@ -19,6 +19,7 @@
 
 #include "mlx/allocator.h"
 #include "mlx/array.h"
+#include "mlx/types/half_types.h"
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/primitives.h"
 #include "mlx/stream.h"
@@ -38,20 +39,23 @@ mx::array block_attention(const mx::array& q, const mx::array& k,
 // x / sqrt(mean(x^2) + eps) * weight over the last axis.
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps);
 
-// An array's elements in row-major order: its own buffer when it is
-// row-contiguous, else a copy in `scratch` (inputs here are a few rows at most;
-// weights are always dense).
+// An array's elements in row-major order as float32: its own buffer when it is a
+// row-contiguous float32 array, else a copy in `scratch` (inputs here are a few
+// rows at most; weights are dense).
 inline const float* dense(const mx::array& a, std::vector<float>& scratch) {
-  if (a.flags().row_contiguous) return a.data<float>();
+  if (a.flags().row_contiguous && a.dtype() == mx::float32) return a.data<float>();
   scratch.resize(a.size());
   const auto& shape = a.shape();
   const auto& strides = a.strides();
   std::vector<int> index(a.ndim(), 0);
-  const float* base = a.data<float>();
   for (size_t n = 0; n < a.size(); n++) {
     int64_t offset = 0;
     for (int d = 0; d < a.ndim(); d++) offset += index[d] * strides[d];
-    scratch[n] = base[offset];
+    switch (a.dtype()) {
+      case mx::float16: scratch[n] = float(a.data<mx::float16_t>()[offset]); break;
+      case mx::bfloat16: scratch[n] = float(a.data<mx::bfloat16_t>()[offset]); break;
+      default: scratch[n] = a.data<float>()[offset];
+    }
     for (int d = a.ndim() - 1; d >= 0 && ++index[d] == shape[d]; d--) index[d] = 0;
   }
   return scratch.data();
@@ -99,12 +103,19 @@ class Kernel : public mx::UnaryPrimitive {
 };
 
 // The float32 CPU array of `name`'s kernel, or an error saying what it takes.
+// The first `activations` inputs must be float32, the others (weights) float32,
+// float16 or bfloat16.
 inline mx::array kernel_output(const char* name, mx::Shape shape, Kernel::Run run,
                                std::vector<mx::array> inputs,
-                               std::vector<float> params = {}) {
-  for (const auto& a : inputs) {
-    if (a.dtype() != mx::float32) {
-      throw std::invalid_argument(std::string(name) + " takes float32 arrays");
+                               std::vector<float> params = {},
+                               size_t activations = 1) {
+  for (size_t i = 0; i < inputs.size(); i++) {
+    auto t = inputs[i].dtype();
+    bool half = t == mx::float16 || t == mx::bfloat16;
+    if (t != mx::float32 && (i < activations || !half)) {
+      throw std::invalid_argument(
+          std::string(name) + " takes float32 activations and float32, float16 " +
+          "or bfloat16 weights");
     }
   }
   auto stream = mx::default_stream(mx::Device::cpu);

@@ -15,7 +15,7 @@ MAX_TOKENS = 16
 
 def linear(module: nn.Module, x: mx.array) -> mx.array:
     """`module(x)` (or a tied embedding's `as_linear(x)`), on `small_linear` for a
-    dense float32 layer applied to at most MAX_TOKENS tokens."""
+    dense layer (float32 or half weights) on at most MAX_TOKENS float32 tokens."""
     if not _dense(module) or not _applies(x, module.weight):
         return apply_linear(module, x)
     y = _kernels().small_linear(x, module.weight)
@@ -24,13 +24,13 @@ def linear(module: nn.Module, x: mx.array) -> mx.array:
 
 
 def gated(gate: nn.Module, up: nn.Module, x: mx.array) -> mx.array:
-    """silu(gate(x)) * up(x), on `gated_linear` for bias-free dense float32 layers."""
+    """silu(gate(x)) * up(x), on `gated_linear` for bias-free dense layers."""
     fused = (
         type(gate) is type(up) is nn.Linear
         and "bias" not in gate
         and "bias" not in up
         and _applies(x, gate.weight)
-        and up.weight.dtype == mx.float32
+        and up.weight.dtype in WEIGHT_TYPES
     )
     if not fused:
         return cpu_ops.swiglu(linear(gate, x), linear(up, x))
@@ -69,9 +69,15 @@ def _dense(module: nn.Module) -> bool:
     return type(module) in (nn.Linear, nn.Embedding)
 
 
+WEIGHT_TYPES = (mx.float32, mx.float16, mx.bfloat16)
+
+
 def _applies(x: mx.array, weight: mx.array) -> bool:
+    """float32 inputs of at most MAX_TOKENS tokens, float32 or half weights."""
     tokens = x.size // max(x.shape[-1], 1)
-    return x.dtype == weight.dtype == mx.float32 and tokens <= MAX_TOKENS
+    return (
+        x.dtype == mx.float32 and weight.dtype in WEIGHT_TYPES and tokens <= MAX_TOKENS
+    )
 
 
 def _kernels():

@@ -3,7 +3,11 @@
 // reduction here has a fixed order, so a result depends on its inputs only.
 #pragma once
 
+#include <cstdint>
 #include <cstring>
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
 
 namespace dflash {
 
@@ -22,6 +26,53 @@ inline vec load(const float* p) {
 }
 
 inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof(vec)); }
+
+// Weights stored as float32, float16 or bfloat16, read as float32 vectors.
+enum class Weights { f32, f16, bf16 };
+
+template <Weights W>
+inline vec load_weights(const void* base, size_t i) {
+  if constexpr (W == Weights::f32) {
+    return load(static_cast<const float*>(base) + i);
+  } else if constexpr (W == Weights::bf16) {  // the upper half of a float32
+    typedef uint16_t u16 __attribute__((vector_size(LANES * 2)));
+    typedef uint32_t u32 __attribute__((vector_size(LANES * 4)));
+    u16 h;
+    std::memcpy(&h, static_cast<const uint16_t*>(base) + i, sizeof(h));
+    u32 bits = __builtin_convertvector(h, u32) << 16;
+    vec v;
+    std::memcpy(&v, &bits, sizeof(vec));
+    return v;
+  } else {
+    const uint16_t* p = static_cast<const uint16_t*>(base) + i;
+#if defined(__AVX512F__)
+    return (vec)_mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+#elif defined(__F16C__) && defined(__AVX__)
+    return (vec)_mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+#else
+    typedef _Float16 h16 __attribute__((vector_size(LANES * 2)));
+    h16 h;
+    std::memcpy(&h, p, sizeof(h));
+    return __builtin_convertvector(h, vec);
+#endif
+  }
+}
+
+template <Weights W>
+inline float weight_at(const void* base, size_t i) {
+  if constexpr (W == Weights::f32) {
+    return static_cast<const float*>(base)[i];
+  } else if constexpr (W == Weights::bf16) {
+    uint32_t bits = uint32_t(static_cast<const uint16_t*>(base)[i]) << 16;
+    float f;
+    std::memcpy(&f, &bits, sizeof(f));
+    return f;
+  } else {
+    _Float16 h;
+    std::memcpy(&h, static_cast<const uint16_t*>(base) + i, sizeof(h));
+    return float(h);
+  }
+}
 
 template <int N>
 struct Lanes {
