@@ -41,6 +41,8 @@ class Kernels:
     norm: Callable[[nn.Module, mx.array], mx.array] = lambda module, x: module(x)
     # `linear` and `fused_gate` take float16/bfloat16 weights with float32 inputs
     half_weights: bool = False
+    # ((B, L, H, D) x, cpu_ops.rope_table) -> rotated (B, H, L, D), where one op does it
+    rope: Callable[[mx.array, tuple], mx.array] | None = None
 
     def gated(self, gate: nn.Module, up: nn.Module, x: mx.array) -> mx.array:
         """silu(gate(x)) * up(x): a SwiGLU MLP's first half."""
@@ -87,6 +89,7 @@ def for_device(device: mx.Device | None = None) -> Kernels:
                 fused_gate=ops.gated,
                 norm=ops.norm,
                 half_weights=True,
+                rope=ops.rope,
             )
         if small_kernels():
             return replace(chosen, linear=blocked_linear, linear_pair=blocked_pair)

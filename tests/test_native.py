@@ -180,6 +180,27 @@ def test_block_attention_equals_mlx(module, heads, kv_heads, tokens, keys, dim, 
 
 
 @pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
+@pytest.mark.parametrize("shape, offset", [((1, 1, 9, 64), 300), ((2, 8, 3, 16), 0)])
+def test_rope_equals_mlx_and_writes_heads(module, shape, offset):
+    x = mx.random.normal(shape)
+    dims = shape[-1]
+    table = cpu_ops.rope_table(dims, 10000.0, 1.0, offset, shape[1])
+    got = module.rope(x, *table)
+    want = mx.fast.rope(
+        x.transpose(0, 2, 1, 3),
+        dims,
+        traditional=False,
+        base=10000.0,
+        scale=1.0,
+        offset=offset,
+    )
+    assert got.shape == want.shape  # (B, H, L, D): the heads attention reads
+    assert mx.allclose(got, want, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="rope"):
+        module.rope(x[..., :-1], *table)
+
+
+@pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
 def test_block_attention_reads_cache_views_and_each_row_alone(module):
     buffer = mx.random.normal((1, 2, 512, 64))  # a KV cache's buffer, then its view
     k, v = buffer[:, :, :300], (buffer * 2)[:, :, :300]
@@ -246,6 +267,7 @@ def test_the_cpu_kernels_use_it():
     chosen = kernels.for_device(mx.cpu)
     assert chosen.linear is ops.linear and chosen.attention is ops.attention
     assert chosen.fused_gate is ops.gated and chosen.norm is ops.norm
+    assert chosen.rope is ops.rope and chosen.half_weights
 
 
 @pytest.mark.skipif(not cpu_ops.available(), reason="MLX cannot compile CPU kernels")
@@ -264,6 +286,7 @@ def test_target_on_native_products_equals_mlx_lm(models_dir, family):
         attention=ops.attention,
         fused_gate=ops.gated,
         norm=ops.norm,
+        rope=ops.rope,
     )
     target = Target(model, kernels=chosen)
     assert target.cpu_blocks

@@ -2,8 +2,8 @@
 
 The C++ files here are MLX ops for decoding steps and verify blocks on the CPU:
 `small_linear` (`x @ w.T` for a few rows of `x`), `gated_linear` (SwiGLU's first
-half), `rms_norm` and `block_attention` (a few query rows over a KV cache); `ops.h`
-says why. It is built the way MLX builds
+half), `rms_norm`, `rope` and `block_attention` (a few query rows over a KV cache);
+`ops.h` says why. It is built the way MLX builds
 its own CPU kernels: with the system C++ compiler, on first use, into the user cache
 (`~/.cache/dflash-mlx/native`), keyed by everything the binary depends on (source,
 MLX, nanobind, Python, compiler, CPU), so later processes load it at once. It links

@@ -20,6 +20,9 @@ NB_MODULE(_dflash_native, m) {
         "(float32, CPU), causal over the last T keys or not: (B, T, H, D).");
   m.def("rms_norm", &dflash::rms_norm, nb::arg("x"), nb::arg("weight"),
         nb::arg("eps"), "x / sqrt(mean(x^2) + eps) * weight (float32, CPU).");
+  m.def("rope", &dflash::rope, nb::arg("x"), nb::arg("cos"), nb::arg("sin"),
+        "(B, L, H, D) x * cos + rotate_half(x) * sin as (B, H, L, D) (float32, "
+        "CPU); sin's first half is negated.");
   m.def("threads", [] { return dflash::Workers::get().threads(); },
         "Threads a large kernel is split over.");
   m.attr("lanes") = dflash::LANES;

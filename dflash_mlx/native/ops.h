@@ -4,11 +4,11 @@
 // far from the memory bandwidth its weights need: each matmul is a cblas_sgemm
 // that copies the whole weight into a packed buffer, and each small op (a norm is
 // eight of them) costs a dispatch and an allocation. These ops read each weight
-// row once on every core and do a norm, a gated product or an attention in one
-// pass. All are batch-invariant: every output element is the same sums in the
-// same order whatever the number of tokens and a token's place among them, so a
-// token's forward in a verify block equals its forward in a plain step, bit for
-// bit.
+// row once on every core and do a norm, a gated product, a rotation or an
+// attention in one pass. All are batch-invariant: every output element is the
+// same sums in the same order whatever the number of tokens and a token's place
+// among them, so a token's forward in a verify block equals its forward in a
+// plain step, bit for bit.
 #pragma once
 
 #include <functional>
@@ -38,6 +38,8 @@ mx::array block_attention(const mx::array& q, const mx::array& k,
                           const mx::array& v, float scale, bool causal);
 // x / sqrt(mean(x^2) + eps) * weight over the last axis.
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps);
+// (B, L, H, D) x rotated by (L, 1, D) cos and sign-folded sin tables: (B, H, L, D).
+mx::array rope(const mx::array& x, const mx::array& cos, const mx::array& sin);
 
 // An array's elements in row-major order as float32: its own buffer when it is a
 // row-contiguous float32 array, else a copy in `scratch` (inputs here are a few

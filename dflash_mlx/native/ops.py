@@ -48,6 +48,14 @@ def norm(module: nn.Module, x: mx.array) -> mx.array:
     return _kernels().rms_norm(x, module.weight, module.eps)
 
 
+def rope(x: mx.array, table) -> mx.array:
+    """(B, L, H, D) queries or keys rotated with a `cpu_ops.rope_table`, as the
+    (B, H, L, D) heads attention reads (`cpu_ops.rope` then a transpose)."""
+    if x.dtype != mx.float32:
+        return cpu_ops.rope(x, table).transpose(0, 2, 1, 3)
+    return _kernels().rope(x, *table)
+
+
 def attention(q, k, v, scale: float, mask=None) -> mx.array:
     """`cpu_ops.attention` (same arguments, (B, H, T, D) out), on `block_attention`
     for float32 blocks of at most MAX_TOKENS queries with no mask or a causal one."""
