@@ -1,6 +1,7 @@
 """native: the compiled small-product kernel, its build, and where it is used."""
 
 import dataclasses
+import platform
 import shutil
 import sys
 import sysconfig
@@ -163,13 +164,16 @@ def test_rms_norm_equals_mlx(module, shape):
         (4, 4, 3, 3, 16, True),  # a block that is the whole cache
         (8, 2, 5, 37, 32, True),
         (2, 1, 16, 20, 128, False),
+        (2, 2, 3, 10, 48, True),  # 3 or 6 vectors a head: MLX's kernel takes these
     ],
 )
 def test_block_attention_equals_mlx(module, heads, kv_heads, tokens, keys, dim, causal):
     q = mx.random.normal((1, heads, tokens, dim))
     k, v = mx.random.normal((2, 1, kv_heads, keys, dim))
-    if dim % module.lanes:
-        pytest.skip(f"head dim {dim} is not a multiple of {module.lanes} lanes")
+    if not module.attention_fits(dim):  # a power-of-two multiple of the lanes
+        with pytest.raises(ValueError, match="power-of-two"):
+            module.block_attention(q, k, v, 1.0, causal)
+        return
     scale = dim**-0.5
     got = module.block_attention(q, k, v, scale, causal)
     want = mx.fast.scaled_dot_product_attention(
@@ -386,3 +390,19 @@ def test_a_half_precision_drafter_keeps_its_projections_half(tiny_pair):
         outs.append(_draft(target, drafter, head, cache, block, params, None))
     assert mx.array_equal(outs[0][0], outs[1][0])  # proposals
     assert mx.allclose(outs[0][2], outs[1][2], atol=1e-5)  # confidences
+
+
+@pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 vector widths")
+def test_the_avx2_build_passes_its_self_check(tmp_path, monkeypatch):
+    """CPUs of one name differ (AVX-512 or AVX2 only): the 8-lane build, which an
+    AVX2 machine compiles, must work too; built here for Haswell and checked against
+    MLX's ops (this CPU runs Haswell code)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    monkeypatch.setattr(native, "ARCH", "-march=haswell")
+    avx2 = native._load()
+    assert avx2.lanes == 8
+    x, w = mx.random.normal((11, 200)), mx.random.normal((301, 200))
+    block = avx2.small_linear(x, w)
+    assert mx.array_equal(avx2.small_linear(x[4:5], w)[0], block[4])
+    assert mx.allclose(block, x @ w.T, atol=1e-3)

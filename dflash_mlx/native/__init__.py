@@ -35,6 +35,7 @@ import mlx.nn as nn
 FOLDER = Path(__file__).parent  # *.cpp and *.h: one module
 MODULE = "_dflash_native"
 COMPILERS = ("c++", "g++", "clang++")
+ARCH = "-march=native"  # this CPU's vector units (the cache key has its flags)
 BUILD_SECONDS = 300
 # The self-check: odd sizes (a lane tail, a partial group of rows), more rows of x
 # than one pass takes, against MLX's own ops.
@@ -114,6 +115,7 @@ def _cache_folder(compiler: str, nanobind_version: str) -> Path:
     sources = sorted([*FOLDER.glob("*.cpp"), *FOLDER.glob("*.h")])
     for part in (
         *(f.name.encode() + f.read_bytes() for f in sources),
+        ARCH.encode(),
         version_of("mlx").encode(),
         nanobind_version.encode(),
         sys.version.encode(),
@@ -142,7 +144,7 @@ def _build(compiler, nanobind, python_include: Path, binary: Path, failed: Path)
     tmp = binary.with_name(f".{binary.name}.tmp")
     command = [
         compiler,
-        *("-O3", "-march=native", "-std=c++20", "-shared", "-fPIC"),
+        *("-O3", ARCH, "-std=c++20", "-shared", "-fPIC"),
         "-fvisibility=hidden",
         "-DNB_DOMAIN=mlx",  # MLX's nanobind domain: its mx.array type is ours
         f"-I{mlx_dir / 'include'}",
@@ -215,7 +217,7 @@ def _check_ops(module: ModuleType):
                     mx.fast.rms_norm(x, norm, 1e-5),
                 ),
             }
-            if inputs % module.lanes == 0:
+            if module.attention_fits(inputs):
                 checks["block_attention"] = (
                     module.block_attention(q, kv, kv, 0.1, causal is not None),
                     mx.fast.scaled_dot_product_attention(

@@ -140,6 +140,8 @@ AttentionShape attention_shape(const mx::array& q, const mx::array& k,
 
 }  // namespace
 
+bool attention_fits(int dim) { return head_kernel(dim) != nullptr; }
+
 mx::array block_attention(const mx::array& q, const mx::array& k,
                           const mx::array& v, float scale, bool causal) {
   if (q.ndim() != 4 || k.ndim() != 4 || v.shape() != k.shape() ||

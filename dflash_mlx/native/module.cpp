@@ -18,6 +18,9 @@ NB_MODULE(_dflash_native, m) {
         nb::arg("v"), nb::arg("scale"), nb::arg("causal"),
         "Attention of (B, H, T, D) queries over (B, Hkv, S, D) keys and values "
         "(float32, CPU), causal over the last T keys or not: (B, T, H, D).");
+  m.def("attention_fits", &dflash::attention_fits, nb::arg("dim"),
+        "Whether block_attention takes heads of this size (a power-of-two "
+        "multiple of the vector width).");
   m.def("rms_norm", &dflash::rms_norm, nb::arg("x"), nb::arg("weight"),
         nb::arg("eps"), "x / sqrt(mean(x^2) + eps) * weight (float32, CPU).");
   m.def("rope", &dflash::rope, nb::arg("x"), nb::arg("cos"), nb::arg("sin"),

@@ -33,7 +33,9 @@ mx::array small_linear(const mx::array& x, const mx::array& w);
 // silu(x @ gate.T) * (x @ up.T): a SwiGLU MLP's first half.
 mx::array gated_linear(const mx::array& x, const mx::array& gate,
                        const mx::array& up);
-// (B, H, T, D) queries over (B, Hkv, S, D) keys and values: (B, T, H, D).
+// (B, H, T, D) queries over (B, Hkv, S, D) keys and values: (B, T, H, D), for
+// head dims D that `attention_fits`.
+bool attention_fits(int dim);
 mx::array block_attention(const mx::array& q, const mx::array& k,
                           const mx::array& v, float scale, bool causal);
 // x / sqrt(mean(x^2) + eps) * weight over the last axis.

@@ -63,7 +63,7 @@ def attention(q, k, v, scale: float, mask=None) -> mx.array:
     if (
         q.shape[2] > MAX_TOKENS
         or not (mask is None or (isinstance(mask, str) and mask == "causal"))
-        or q.shape[-1] % kernels.lanes
+        or not kernels.attention_fits(q.shape[-1])
         or not all(a.dtype == mx.float32 for a in (q, k, v))
     ):
         return cpu_ops.attention(q, k, v, scale, mask)
