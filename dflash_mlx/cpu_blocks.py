@@ -84,9 +84,6 @@ class CpuBlock:
             q, k = kernels.norm(attn.q_norm, q), kernels.norm(attn.k_norm, k)
         if table is not None and kernels.rope is not None:
             q, k = kernels.rope(q, table), kernels.rope(k, table)
-        elif table is not None:
-            q = cpu_ops.rope(q, table).transpose(0, 2, 1, 3)
-            k = cpu_ops.rope(k, table).transpose(0, 2, 1, 3)
         else:
             q = attn.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
             k = attn.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)

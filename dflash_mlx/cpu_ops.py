@@ -99,6 +99,11 @@ def rope(x: mx.array, table) -> mx.array:
     return _rotate(x, cos.astype(x.dtype), sin.astype(x.dtype))
 
 
+def rope_heads(x: mx.array, table) -> mx.array:
+    """`rope`, as the (B, H, L, dims) heads attention reads."""
+    return rope(x, table).transpose(0, 2, 1, 3)
+
+
 def softmax(x: mx.array, axis: int = -1) -> mx.array:
     """Softmax along `axis`, computed and returned in float32."""
     x = x.astype(mx.float32)

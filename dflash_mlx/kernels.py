@@ -41,7 +41,7 @@ class Kernels:
     norm: Callable[[nn.Module, mx.array], mx.array] = lambda module, x: module(x)
     # `linear` and `fused_gate` take float16/bfloat16 weights with float32 inputs
     half_weights: bool = False
-    # ((B, L, H, D) x, cpu_ops.rope_table) -> rotated (B, H, L, D), where one op does it
+    # ((B, L, H, D) x, cpu_ops.rope_table) -> rotated (B, H, L, D): the CPU blocks'
     rope: Callable[[mx.array, tuple], mx.array] | None = None
 
     def gated(self, gate: nn.Module, up: nn.Module, x: mx.array) -> mx.array:
@@ -78,6 +78,7 @@ def for_device(device: mx.Device | None = None) -> Kernels:
             softmax=cpu_ops.softmax,
             attention=cpu_ops.attention,
             cpu_blocks=True,
+            rope=cpu_ops.rope_heads,
         )
         if native.load() is not None:
             from .native import ops

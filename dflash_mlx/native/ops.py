@@ -52,7 +52,7 @@ def rope(x: mx.array, table) -> mx.array:
     """(B, L, H, D) queries or keys rotated with a `cpu_ops.rope_table`, as the
     (B, H, L, D) heads attention reads (`cpu_ops.rope` then a transpose)."""
     if x.dtype != mx.float32:
-        return cpu_ops.rope(x, table).transpose(0, 2, 1, 3)
+        return cpu_ops.rope_heads(x, table)
     return _kernels().rope(x, *table)
 
 
