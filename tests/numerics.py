@@ -39,3 +39,19 @@ def assert_close(
     assert ratio <= 1.0, (
         f"{what}: off by {ratio:.1f}x the {depth}-layer float32 tolerance"
     )
+
+
+def assert_target_matches_mlx_lm(target, model, blocks, what: str) -> None:
+    """`target` (a Target over `model` on some kernels) gives mlx-lm's logits for a
+    prompt, then for blocks of these sizes, each against mlx-lm's own forward."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    ours, theirs = target.make_cache(), make_prompt_cache(model)
+    prompt = mx.array([[5, 17, 99, 3, 42, 42, 7]])
+    target(prompt, ours)
+    model(prompt, cache=theirs)
+    for block in blocks:
+        tokens = (mx.arange(block) * 11 + block)[None] % 250
+        hidden, _ = target(tokens, ours)
+        depth = target.num_layers + 1
+        assert_close(target.logits(hidden), model(tokens, cache=theirs), depth, what)

@@ -6,8 +6,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 import tiny
-from mlx_lm.models.cache import make_prompt_cache
-from numerics import assert_close
+from numerics import assert_target_matches_mlx_lm
 
 from dflash_mlx import Target, cpu_gemm, cpu_ops, kernels, load, native
 from dflash_mlx.cpu_gemm import (
@@ -167,15 +166,7 @@ def test_target_with_blocked_products_equals_mlx_lm(models_dir, family):
     )
     target = Target(model, kernels=blocked)
     assert target.cpu_blocks
-    ours, theirs = target.make_cache(), make_prompt_cache(model)
-    prompt = mx.array([[5, 17, 99, 3, 42, 42, 7]])
-    target(prompt, ours)
-    model(prompt, cache=theirs)
-    for block in (1, 2, 1, 3, 2):
-        tokens = (mx.arange(block) * 11 + block)[None] % 250
-        hidden, _ = target(tokens, ours)
-        depth = target.num_layers + 1
-        assert_close(target.logits(hidden), model(tokens, cache=theirs), depth, family)
+    assert_target_matches_mlx_lm(target, model, (1, 2, 1, 3, 2), family)
 
 
 def test_the_side_stream_works_from_any_thread():
