@@ -1,7 +1,10 @@
 """native: the compiled small-product kernel, its build, and where it is used."""
 
+import ast
 import dataclasses
+import fnmatch
 import platform
+import re
 import shutil
 import sys
 import sysconfig
@@ -397,3 +400,25 @@ def test_the_avx2_build_passes_its_self_check(tmp_path, monkeypatch):
     block = avx2.small_linear(x, w)
     assert mx.array_equal(avx2.small_linear(x[4:5], w)[0], block[4])
     assert mx.allclose(block, x @ w.T, atol=1e-3)
+
+
+@pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
+def test_an_unwritable_cache_keeps_mlx_ops_and_says_why(tmp_path, monkeypatch):
+    """Nothing about the build may stop a generation: a cache that cannot be written
+    (here a file where the folder should be) falls back, with the reason."""
+    blocker = tmp_path / "cache"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker))
+    module, why = native._loaded.__wrapped__()
+    assert module is None
+    assert why.startswith("MLX's matmul (the native kernels could not be set up")
+
+
+def test_the_wheel_carries_every_source_the_build_reads():
+    """An installed (non-editable) package builds from its package data alone."""
+    pyproject = (Path(native.__file__).parents[2] / "pyproject.toml").read_text()
+    table = pyproject.split("[tool.setuptools.package-data]", 1)[1]
+    globs = ast.literal_eval(re.search(r"dflash_mlx = (\[.*?\])", table).group(1))
+    for source in (*native.FOLDER.glob("*.cpp"), *native.FOLDER.glob("*.h")):
+        name = f"native/{source.name}"
+        assert any(fnmatch.fnmatch(name, g) for g in globs), name

@@ -42,26 +42,27 @@ BUILD_SECONDS = 300
 CHECK_SHAPES = ((1, 37, 40), (3, 41, 64), (11, 9, 130), (5, 33, 64))
 CHECK_TOLERANCE = 1e-4
 
-_status = "not loaded yet"
-
 
 def status() -> str:
     """What `load()` found: the kernels in use, or why MLX's matmul is kept."""
-    load()
-    return _status
+    return _loaded()[1]
+
+
+def load() -> ModuleType | None:
+    """The compiled module (built now if needed), or None where it cannot be."""
+    return _loaded()[0]
 
 
 @cache
-def load() -> ModuleType | None:
-    """The compiled module (built now if needed), or None where it cannot be."""
-    global _status
+def _loaded() -> tuple[ModuleType | None, str]:
+    """Built, imported and checked once per process: (module or None, status)."""
     try:
         module = _load()
     except _Unavailable as reason:
-        _status = str(reason)
-        return None
-    _status = f"native ({module.lanes}-lane vectors, {module.threads()} threads)"
-    return module
+        return None, str(reason)
+    except (OSError, RuntimeError, ValueError, subprocess.SubprocessError) as e:
+        return None, f"MLX's matmul (the native kernels could not be set up: {e})"
+    return module, f"native ({module.lanes}-lane vectors, {module.threads()} threads)"
 
 
 class _Unavailable(Exception):
