@@ -17,6 +17,8 @@ from functools import cache
 import mlx.core as mx
 import numpy as np
 
+from .kernels import WindowMask
+
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.693145751953125  # ln 2 split in two so n * ln2 stays exact (Cody-Waite)
 _LN2_LO = 1.428606765330187e-06
@@ -115,12 +117,22 @@ MAX_QUERY_ROWS = 64  # verify-sized blocks; longer prefill chunks use MLX's kern
 
 
 def attention(
-    q: mx.array, k: mx.array, v: mx.array, scale: float, mask: mx.array | None = None
+    q: mx.array,
+    k: mx.array,
+    v: mx.array,
+    scale: float,
+    mask: "mx.array | str | WindowMask | None" = None,
 ) -> mx.array:
     """Scaled dot-product attention of (B, H, T, D) queries over (B, Hkv, S, D) keys and
-    values; `mask` as for `mx.fast.scaled_dot_product_attention`. Ours takes None,
-    "causal" or a boolean (T, S) mask (True = may attend) and hands anything else to
-    MLX's kernel."""
+    values; `mask` as for `mx.fast.scaled_dot_product_attention` or a
+    `kernels.WindowMask`. Ours takes None, "causal" or a boolean (T, S) mask (True = may
+    attend) and hands anything else to MLX's kernel."""
+    if isinstance(mask, WindowMask):
+        mask = mask.array(q.shape[2], k.shape[2])
+    return _attention(q, k, v, scale, mask)
+
+
+def _attention(q, k, v, scale: float, mask: mx.array | str | None) -> mx.array:
     rows = q.shape[2]
     if isinstance(mask, str) and mask == "causal" and 4 <= rows <= MAX_QUERY_ROWS:
         from mlx_lm.models.base import create_causal_mask
@@ -138,7 +150,7 @@ def attention(
     groups = H // Hkv
     # Query heads h*groups..(h+1)*groups-1 share kv head h: one matmul per kv head.
     scores = (q.reshape(B, Hkv, groups * T, D) @ k.swapaxes(-1, -2)).astype(mx.float32)
-    if mask is not None:
+    if isinstance(mask, mx.array):
         scores = mx.where(mask, scores.reshape(B, Hkv, groups, T, S), -mx.inf)
         scores = scores.reshape(B, Hkv, groups * T, S)
     weights = _scaled_exp(

@@ -14,7 +14,8 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
-from .kernels import MLX, Kernels
+from .cpu_blocks import ForwardTables, shared_rope
+from .kernels import MLX, Kernels, WindowMask
 from .verify import categorical, perturbed
 
 ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel")
@@ -218,14 +219,23 @@ class Attention(nn.Module):
             hd, args.rope_theta, False, args.rope_scaling, args.max_position_embeddings
         )
 
+    # the model's rotary tables, one per forward for all layers (Model.use_kernels)
+    tables: ForwardTables | None = None
+
+    def _rotate(self, x, offset: int):
+        """(B, L, H, D) queries or keys at positions offset.. as (B, H, L, D) heads."""
+        kernels = _inference(self)
+        if kernels.rope is not None and self.tables is not None:
+            return kernels.rope(x, self.tables.get(offset, x.shape[1]))
+        return self.rope(x.transpose(0, 2, 1, 3), offset=offset)
+
     def _keys_values(self, x, offset):
         B, L, _ = x.shape
         kernels = _inference(self)
         k = kernels.linear(self.k_proj, x).reshape(B, L, self.n_kv_heads, -1)
         k = kernels.norm(self.k_norm, k)
         v = kernels.linear(self.v_proj, x).reshape(B, L, self.n_kv_heads, -1)
-        k = self.rope(k.transpose(0, 2, 1, 3), offset=offset)
-        return k, v.transpose(0, 2, 1, 3)
+        return self._rotate(k, offset), v.transpose(0, 2, 1, 3)
 
     def absorb(self, ctx: mx.array, cache: KVCache):
         """Append the context's keys/values (at their absolute positions) to the
@@ -239,7 +249,7 @@ class Attention(nn.Module):
         offset = cache.offset
         kernels = _inference(self)
         q = kernels.linear(self.q_proj, x).reshape(B, L, self.n_heads, -1)
-        q = self.rope(kernels.norm(self.q_norm, q).transpose(0, 2, 1, 3), offset=offset)
+        q = self._rotate(kernels.norm(self.q_norm, q), offset)
         keys, values = cache.update_and_fetch(*self._keys_values(x, offset))
         out = kernels.attention(q, keys, values, self.scale, mask)
         return kernels.linear(self.o_proj, out.transpose(0, 2, 1, 3).reshape(B, L, -1))
@@ -265,17 +275,13 @@ class DecoderLayer(nn.Module):
 
 
 def block_mask(block_len: int, context_len: int, window: int | None, causal: bool):
-    """Mask of block queries over [context; block] keys, or None when all keys are
-    visible."""
-    if window is None and not causal:
-        return None
-    q = context_len + mx.arange(block_len)[:, None]
-    k = mx.arange(context_len + block_len)[None]
-    in_block = k >= context_len
-    visible = in_block & (k <= q) if causal else in_block
-    if window is None:
-        return visible | ~in_block
-    return visible | (~in_block & (q - k < window))
+    """Mask of block queries over [context; block] keys: None when all keys are
+    visible, "causal" when only the block is causal, else a `WindowMask` (query t at
+    position context_len + t sees context keys less than `window` positions back)."""
+    skip = None if window is None else context_len - window + 1
+    if skip is None or skip + block_len - 1 <= 0:  # the window hides no key
+        return "causal" if causal else None
+    return WindowMask(skip, causal)
 
 
 class Model(nn.Module):
@@ -313,9 +319,13 @@ class Model(nn.Module):
         """Run inference through `kernels` (see kernels.for_device); training uses
         MLX's."""
         self.kernels = kernels
+        rope = shared_rope(self.layers) if kernels.rope is not None else None
+        tables = None if rope is None else ForwardTables(rope)
         for module in self.modules():
             if isinstance(module, (MLP, Attention, DecoderLayer)):
                 module.kernels = kernels
+            if isinstance(module, Attention):
+                module.tables = tables
 
     @property
     def dtype(self):

@@ -23,11 +23,29 @@ from .cpu_gemm import (
 
 
 @dataclass(frozen=True)
+class WindowMask:
+    """A drafter block's mask as two numbers: query t of T sees the keys from
+    `skip + t` on (a sliding window over the context) and, when `causal`, the block's
+    keys up to its own. Kernels that take it read no mask array."""
+
+    skip: int
+    causal: bool = False
+
+    def array(self, rows: int, keys: int) -> mx.array:
+        """The boolean (rows, keys) mask it stands for (True: may attend)."""
+        t = mx.arange(rows)[:, None]
+        k = mx.arange(keys)[None]
+        visible = k >= self.skip + t
+        return visible & (k <= keys - rows + t) if self.causal else visible
+
+
+@dataclass(frozen=True)
 class Kernels:
     name: str
     swiglu: Callable[[mx.array, mx.array], mx.array]  # silu(gate) * up
     softmax: Callable[[mx.array], mx.array]  # over the last axis, in float32
-    # (q, k, v, scale, mask) as for mx.fast.scaled_dot_product_attention
+    # (q, k, v, scale, mask) as for mx.fast.scaled_dot_product_attention; the mask
+    # may also be a WindowMask
     attention: Callable[..., mx.array]
     # target blocks on cpu_blocks.py, qwen3_5 recurrent mixers on cpu_delta.py
     cpu_blocks: bool
@@ -52,6 +70,8 @@ class Kernels:
 
 
 def _mlx_attention(q, k, v, scale, mask=None):
+    if isinstance(mask, WindowMask):
+        mask = mask.array(q.shape[2], k.shape[2])
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 
 

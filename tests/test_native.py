@@ -19,6 +19,8 @@ from numerics import assert_target_matches_mlx_lm
 
 from dflash_mlx import Target, cpu_ops, kernels, load, native
 from dflash_mlx.cpu_gemm import apply_linear
+from dflash_mlx.draft import block_mask
+from dflash_mlx.kernels import WindowMask
 from dflash_mlx.native import ops
 
 BUILDABLE = (
@@ -422,3 +424,78 @@ def test_the_wheel_carries_every_source_the_build_reads():
     for source in (*native.FOLDER.glob("*.cpp"), *native.FOLDER.glob("*.h")):
         name = f"native/{source.name}"
         assert any(fnmatch.fnmatch(name, g) for g in globs), name
+
+
+@pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
+@pytest.mark.parametrize("tokens, keys, skip", [(2, 300, 45), (8, 263, 7), (4, 9, -2)])
+@pytest.mark.parametrize("causal", [False, True])
+def test_window_attention_equals_mlx_with_the_mask_array(
+    module, tokens, keys, skip, causal
+):
+    """A drafter layer past its sliding window: query t sees keys from skip + t on."""
+    q = mx.random.normal((1, 6, tokens, 64))
+    k, v = mx.random.normal((2, 1, 2, keys, 64))
+    window = WindowMask(skip, causal)
+    got = ops.attention(q, k, v, 0.125, window)
+    want = mx.fast.scaled_dot_product_attention(
+        q, k, v, scale=0.125, mask=window.array(tokens, keys)
+    )
+    assert mx.allclose(got, want, atol=1e-5, rtol=1e-4)
+    assert mx.allclose(cpu_ops.attention(q, k, v, 0.125, window), want, atol=1e-5)
+    with pytest.raises(ValueError, match="every query seeing a key"):
+        module.block_attention(q, k, v, 0.125, causal, keys)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_block_masks_are_the_window_they_name(causal):
+    """block_mask's None / "causal" / WindowMask forms mean what the literal rule
+    says: block keys visible (up to the query when causal), context keys while fewer
+    than `window` positions back."""
+    for block_len, context_len, window in [
+        (4, 2, 6),
+        (4, 3, 6),
+        (8, 300, 256),
+        (2, 5, None),
+    ]:
+        keys = context_len + block_len
+        q = context_len + mx.arange(block_len)[:, None]
+        k = mx.arange(keys)[None]
+        in_block = k >= context_len
+        block_ok = in_block & (k <= q) if causal else in_block
+        context_ok = ~in_block if window is None else ~in_block & (q - k < window)
+        want = mx.broadcast_to(block_ok | context_ok, (block_len, keys))
+        mask = block_mask(block_len, context_len, window, causal)
+        if mask is None:
+            got = mx.ones((block_len, keys), dtype=mx.bool_)
+        elif isinstance(mask, str):
+            got = mx.arange(keys)[None] <= context_len + mx.arange(block_len)[:, None]
+        else:
+            got = mask.array(block_len, keys)
+        assert mx.array_equal(got, want), (block_len, context_len, window)
+
+
+@pytest.mark.skipif(not cpu_ops.available(), reason="MLX cannot compile CPU kernels")
+@pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
+def test_a_drafter_past_its_window_drafts_as_on_mlx_ops(tiny_pair):
+    """Rotary tables and the window's two numbers (no mask array) give the hidden
+    states MLX's own rope and masked attention give, with context past the window."""
+    from dflash_mlx import load_draft
+    from dflash_mlx.cache import PromptCache
+    from dflash_mlx.engine import as_target
+
+    target_dir, draft_dir = tiny_pair(
+        "qwen3", layer_types=("sliding_attention", "full_attention"), sliding_window=6
+    )
+    model, _ = load(str(target_dir))
+    drafter = load_draft(str(draft_dir))
+    assert drafter.kernels.rope is not None
+    target = as_target(model, drafter)
+    block = mx.array([[5] + [drafter.args.mask_token_id] * 7])
+    hidden = []
+    for chosen in (drafter.kernels, kernels.MLX):
+        drafter.use_kernels(chosen)
+        cache = PromptCache(target, drafter)
+        _, features = target(mx.array([list(range(3, 23))]), cache.target)
+        drafter.absorb(features, cache.draft)
+        hidden.append(drafter(target.embed(block), cache.draft))
+    assert mx.allclose(hidden[0], hidden[1], atol=1e-4, rtol=1e-4)

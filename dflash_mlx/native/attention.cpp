@@ -12,16 +12,18 @@ namespace {
 
 constexpr double PARALLEL_WORK = 1 << 17;  // rows x keys x dim below: one thread
 
-// Query rows [r0, r1) of one kv head (each row: q, out, visible keys), over keys
-// and values with row strides ks, vs and C = dim / LANES vectors per row.
+// Query rows [r0, r1) of one kv head (each row: q, out, its visible keys
+// [first, end)), over keys and values with row strides ks, vs and C = dim / LANES
+// vectors per row.
 // Scores: each key is loaded once for all the rows; values: two sets of
 // accumulators (even and odd keys) so that no multiply-add waits on the last.
 template <int C>
-void attend_head(const float* const* q, float* const* out, const int* visible,
-                 int rows, const float* k, int64_t ks, const float* v, int64_t vs,
-                 float scale, std::vector<float>& scores) {
+void attend_head(const float* const* q, float* const* out, const int* first,
+                 const int* end, int rows, const float* k, int64_t ks,
+                 const float* v, int64_t vs, float scale,
+                 std::vector<float>& scores) {
   constexpr int MAX_ROWS = 32;  // rows sharing one pass over the keys
-  const int keys = *std::max_element(visible, visible + rows);
+  const int keys = *std::max_element(end, end + rows);
   scores.resize((size_t)MAX_ROWS * keys);
   for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {
     const int n = std::min(MAX_ROWS, rows - r0);
@@ -36,8 +38,10 @@ void attend_head(const float* const* q, float* const* out, const int* visible,
       }
     }
     for (int r = 0; r < n; r++) {
-      float* s = &scores[(size_t)r * keys];
-      const int seen = visible[r0 + r];
+      const int from = first[r0 + r];
+      float* s = &scores[(size_t)r * keys + from];
+      const int seen = end[r0 + r] - from;
+      const float* vr = v + from * vs;
       float best = -INFINITY;
       for (int j = 0; j < seen; j++) best = std::max(best, s[j]);
       const int body = seen - seen % LANES;
@@ -55,7 +59,7 @@ void attend_head(const float* const* q, float* const* out, const int* visible,
       vec even[C] = {}, odd[C] = {};
       int j = 0;
       for (; j + 1 < seen; j += 2) {
-        const float* v0 = v + j * vs;
+        const float* v0 = vr + j * vs;
         const float* v1 = v0 + vs;
         for (int c = 0; c < C; c++) {
           even[c] += s[j] * load(v0 + c * LANES);
@@ -63,7 +67,7 @@ void attend_head(const float* const* q, float* const* out, const int* visible,
         }
       }
       if (j < seen)
-        for (int c = 0; c < C; c++) even[c] += s[j] * load(v + j * vs + c * LANES);
+        for (int c = 0; c < C; c++) even[c] += s[j] * load(vr + j * vs + c * LANES);
       float* o = out[r0 + r];
       for (int c = 0; c < C; c++) {
         store(o + c * LANES, (even[c] + odd[c]) / total);
@@ -72,9 +76,9 @@ void attend_head(const float* const* q, float* const* out, const int* visible,
   }
 }
 
-using HeadFn = void (*)(const float* const*, float* const*, const int*, int,
-                        const float*, int64_t, const float*, int64_t, float,
-                        std::vector<float>&);
+using HeadFn = void (*)(const float* const*, float* const*, const int*,
+                        const int*, int, const float*, int64_t, const float*,
+                        int64_t, float, std::vector<float>&);
 
 HeadFn head_kernel(int dim) {
   if (dim % LANES != 0) return nullptr;
@@ -94,14 +98,15 @@ struct AttentionShape {
 };
 
 // Rows [r0, r1) in (batch, kv head, head of its group, token) order, written to
-// the output (batch, tokens, heads, dim); rows of one kv head go together.
+// the output (batch, tokens, heads, dim); rows of one kv head go together. Token t
+// sees keys from max(0, skip + t) on: a sliding window's start.
 void attend_rows(const float* q, const float* k, const float* v, float* out,
-                 const AttentionShape& s, float scale, bool causal, int r0,
-                 int r1) {
+                 const AttentionShape& s, float scale, bool causal, int skip,
+                 int r0, int r1) {
   thread_local std::vector<float> scores;
   thread_local std::vector<const float*> queries;
   thread_local std::vector<float*> outputs;
-  thread_local std::vector<int> visible;
+  thread_local std::vector<int> firsts, ends;
   const HeadFn kernel = head_kernel(s.dim);
   const int groups = s.heads / s.kv_heads;
   const int per_head = groups * s.tokens;
@@ -111,15 +116,18 @@ void attend_rows(const float* q, const float* k, const float* v, float* out,
     const int b = head_of / s.kv_heads, kvh = head_of % s.kv_heads;
     queries.clear();
     outputs.clear();
-    visible.clear();
+    firsts.clear();
+    ends.clear();
     for (; r < end; r++) {
       int t = r % s.tokens, h = kvh * groups + (r % per_head) / s.tokens;
       queries.push_back(q + b * s.q_stride[0] + h * s.q_stride[1] +
                         t * s.q_stride[2]);
       outputs.push_back(out + (((int64_t)b * s.tokens + t) * s.heads + h) * s.dim);
-      visible.push_back(causal ? s.keys - s.tokens + t + 1 : s.keys);
+      firsts.push_back(std::max(0, skip + t));
+      ends.push_back(causal ? s.keys - s.tokens + t + 1 : s.keys);
     }
-    kernel(queries.data(), outputs.data(), visible.data(), (int)queries.size(),
+    kernel(queries.data(), outputs.data(), firsts.data(), ends.data(),
+           (int)queries.size(),
            k + b * s.k_stride[0] + kvh * s.k_stride[1], s.k_stride[2],
            v + b * s.v_stride[0] + kvh * s.v_stride[1], s.v_stride[2], scale,
            scores);
@@ -143,16 +151,21 @@ AttentionShape attention_shape(const mx::array& q, const mx::array& k,
 bool attention_fits(int dim) { return head_kernel(dim) != nullptr; }
 
 mx::array block_attention(const mx::array& q, const mx::array& k,
-                          const mx::array& v, float scale, bool causal) {
+                          const mx::array& v, float scale, bool causal,
+                          int skip) {
+  const int T = q.ndim() == 4 ? q.shape(2) : 0;
+  const int S = k.ndim() == 4 ? k.shape(2) : 0;
   if (q.ndim() != 4 || k.ndim() != 4 || v.shape() != k.shape() ||
       q.shape(0) != k.shape(0) || q.shape(3) != k.shape(3) || k.shape(1) == 0 ||
-      q.shape(1) % k.shape(1) != 0 || (causal && q.shape(2) > k.shape(2)) ||
-      head_kernel(q.shape(3)) == nullptr) {
+      q.shape(1) % k.shape(1) != 0 || (causal && T > S) ||
+      head_kernel(q.shape(3)) == nullptr ||
+      (causal ? skip > S - T : skip + T > S)) {
     throw std::invalid_argument(
         "block_attention: q (B, H, T, D), k and v (B, Hkv, S, D), H a multiple of "
-        "Hkv, T <= S when causal, D a power-of-two multiple of the vector width");
+        "Hkv, T <= S when causal, D a power-of-two multiple of the vector width, "
+        "every query seeing a key (skip + t below its last visible key)");
   }
-  auto run = [scale, causal](const std::vector<mx::array>& in, mx::array& out) {
+  auto run = [scale, causal, skip](const std::vector<mx::array>& in, mx::array& out) {
     const auto &q = in[0], &k = in[1], &v = in[2];
     std::vector<float> qs, ks, vs;
     AttentionShape s = attention_shape(q, k, v);
@@ -179,12 +192,12 @@ mx::array block_attention(const mx::array& q, const mx::array& k,
     int rows = s.batch * s.heads * s.tokens;
     double work = (double)rows * s.keys * s.dim;
     Workers::get().split(rows, 1, work >= PARALLEL_WORK, [&](int r0, int r1) {
-      attend_rows(qp, kp, vp, o, s, scale, causal, r0, r1);
+      attend_rows(qp, kp, vp, o, s, scale, causal, skip, r0, r1);
     });
   };
   mx::Shape shape{q.shape(0), q.shape(2), q.shape(1), q.shape(3)};
   return kernel_output("BlockAttention", shape, run, {q, k, v},
-                       {scale, causal ? 1.0f : 0.0f});
+                       {scale, causal ? 1.0f : 0.0f, (float)skip});
 }
 
 }  // namespace dflash

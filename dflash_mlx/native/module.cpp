@@ -15,9 +15,10 @@ NB_MODULE(_dflash_native, m) {
   m.def("gated_linear", &dflash::gated_linear, nb::arg("x"), nb::arg("gate"),
         nb::arg("up"), "silu(x @ gate.T) * (x @ up.T) (float32, CPU).");
   m.def("block_attention", &dflash::block_attention, nb::arg("q"), nb::arg("k"),
-        nb::arg("v"), nb::arg("scale"), nb::arg("causal"),
+        nb::arg("v"), nb::arg("scale"), nb::arg("causal"), nb::arg("skip") = -(1 << 30),
         "Attention of (B, H, T, D) queries over (B, Hkv, S, D) keys and values "
-        "(float32, CPU), causal over the last T keys or not: (B, T, H, D).");
+        "(float32, CPU), causal over the last T keys or not, query t seeing keys "
+        "from skip + t on (a sliding window; default: all): (B, T, H, D).");
   m.def("attention_fits", &dflash::attention_fits, nb::arg("dim"),
         "Whether block_attention takes heads of this size (a power-of-two "
         "multiple of the vector width).");

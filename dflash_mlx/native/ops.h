@@ -37,7 +37,8 @@ mx::array gated_linear(const mx::array& x, const mx::array& gate,
 // head dims D that `attention_fits`.
 bool attention_fits(int dim);
 mx::array block_attention(const mx::array& q, const mx::array& k,
-                          const mx::array& v, float scale, bool causal);
+                          const mx::array& v, float scale, bool causal,
+                          int skip);
 // x / sqrt(mean(x^2) + eps) * weight over the last axis.
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps);
 // (B, L, H, D) x rotated by (L, 1, D) cos and sign-folded sin tables: (B, H, L, D).

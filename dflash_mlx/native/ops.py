@@ -7,6 +7,7 @@ import mlx.nn as nn
 
 from .. import cpu_ops
 from ..cpu_gemm import apply_linear
+from ..kernels import WindowMask
 from . import load
 
 # measured on the demo target: from 16 tokens OpenBLAS's packed products catch up
@@ -58,16 +59,21 @@ def rope(x: mx.array, table) -> mx.array:
 
 def attention(q, k, v, scale: float, mask=None) -> mx.array:
     """`cpu_ops.attention` (same arguments, (B, H, T, D) out), on `block_attention`
-    for float32 blocks of at most MAX_TOKENS queries with no mask or a causal one."""
+    for float32 blocks of at most MAX_TOKENS queries with no mask, a causal one or a
+    `WindowMask`."""
     kernels = _kernels()
+    causal = isinstance(mask, str) and mask == "causal"
     if (
         q.shape[2] > MAX_TOKENS
-        or not (mask is None or (isinstance(mask, str) and mask == "causal"))
+        or not (mask is None or causal or isinstance(mask, WindowMask))
         or not kernels.attention_fits(q.shape[-1])
         or not all(a.dtype == mx.float32 for a in (q, k, v))
     ):
         return cpu_ops.attention(q, k, v, scale, mask)
-    out = kernels.block_attention(q, k, v, scale, mask == "causal")
+    if isinstance(mask, WindowMask):
+        out = kernels.block_attention(q, k, v, scale, mask.causal, mask.skip)
+    else:
+        out = kernels.block_attention(q, k, v, scale, causal)
     return out.transpose(0, 2, 1, 3)  # (B, T, H, D) in memory: reshapes for free
 
 
