@@ -20,8 +20,9 @@ def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 class PromptCache:
     """KV/recurrent caches of a target and its drafter, and the token ids they hold.
 
-    Both caches always cover the same tokens: every committed token except the last,
-    whose features the target has not computed yet.
+    Between generations both caches cover the same tokens: every committed token except
+    the last, whose features the target has not computed yet. (Within one, the drafter's
+    may lag behind by the plain blocks since its last draft: engine.py.)
     """
 
     def __init__(self, target: Target, draft=None):

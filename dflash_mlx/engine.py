@@ -15,6 +15,8 @@ Words in the engine, one meaning each:
 - `accepted`: drafts the target accepted; it commits them plus one token of its own.
 - `stop_at`: how many committed tokens to keep, up to and with the first stop token.
 - `reused`: prompt tokens the cache already held.
+- `unabsorbed`: features of committed tokens the drafter has not taken in yet; it takes
+  them in before its next draft, so blocks of 1 leave it idle.
 """
 
 import time
@@ -37,6 +39,10 @@ from .verify import (
     perturbed,
     token_logprobs,
 )
+
+# Blocks whose features may wait for the drafter's next draft (memory stays bounded
+# through a long run of plain blocks; 16 tokens are one native product).
+MAX_UNABSORBED = 16
 
 # One committed token's log-probability under the target, and its top (id, logprob)s.
 TokenLogprobs = tuple[float, list[tuple[int, float]]]
@@ -300,6 +306,8 @@ def _blocks(
         if step is not None:  # stopped with a block in flight: undo it entirely
             step.resolve()
             target.rollback(cache.target, step.tape or [], step.verified, 0)
+        with mx.stream(stream):
+            run.absorb()  # both caches cover the same tokens again
 
 
 class _Run:
@@ -316,6 +324,8 @@ class _Run:
         self.mask_id = draft.args.mask_token_id if draft is not None else 0
         self.head = DraftHead.for_drafter(target, draft) if draft is not None else None
         self.keep_drafts = getattr(policy, "cut", None) if draft is not None else None
+        # features of committed tokens the drafter has not absorbed yet (see `absorb`)
+        self.unabsorbed: list[mx.array] = []
 
     def prefill(self, prompt: Sequence[int], step: int) -> Block:
         """Feed the prompt (after the cached prefix); the first token as a Block."""
@@ -335,7 +345,18 @@ class _Run:
         finished = first in self.stop_tokens
         return Block([first], 0, 1, finished, reused=reused, logprobs=rows)
 
+    def absorb(self):
+        """Feed the drafter the features of the tokens committed since it last drafted,
+        in one forward: plain blocks leave it idle (a block of 1 costs what plain
+        decoding does), and the next draft pays one absorb, not one per block."""
+        if self.unabsorbed:
+            features = mx.concatenate(self.unabsorbed, axis=1)
+            self.draft.absorb(features, self.cache.draft)
+            self.unabsorbed.clear()
+
     def launch(self, last: int, drafted: int) -> _Step:
+        if drafted > 1:
+            self.absorb()
         return _Step(
             self.target, self.draft, self.head, self.cache, last, drafted, self.params,
             self.mask_id, self.keep_drafts, self.seeded, self.top,
@@ -358,7 +379,10 @@ class _Run:
         rows = rows[: len(tokens)] if rows is not None else None
         cache = self.cache
         if self.draft is not None:
-            self.draft.absorb(step.features[:, : len(tokens)], cache.draft)
+            self.unabsorbed.append(step.features[:, : len(tokens)])
+            if len(self.unabsorbed) >= MAX_UNABSORBED:  # a long plain run: bound it
+                self.absorb()
+                mx.async_eval([c.state for c in cache.draft])
         self.target.rollback(cache.target, step.tape or [], step.verified, len(tokens))
         cache.tokens.append(last)
         cache.tokens.extend(tokens[:-1])

@@ -230,3 +230,47 @@ def test_weights_unchanged_by_generation(loaded):
     assert list(model.layers) == layers
     assert all(type(x).__module__.startswith("mlx_lm") for x in model.layers)
     assert {k for k, _ in tree_flatten(model.parameters())} == set(before)
+
+
+def test_plain_blocks_leave_the_drafter_idle_until_it_drafts(loaded):
+    """The drafter takes in the features of plain blocks at its next draft, in one
+    forward (at most MAX_UNABSORBED blocks behind), and ends holding what one prefill
+    of the same tokens gives it."""
+    from dflash_mlx.engine import MAX_UNABSORBED, generate_blocks
+    from dflash_mlx.target import Target
+    from dflash_mlx.verify import SamplingParams
+
+    model, tok, draft = loaded("qwen3")
+    prompt = long_prompt(model, tok)
+    sizes = [1] * (MAX_UNABSORBED + 5) + [4, 1, 1, 2] + [1] * 6
+
+    class Scripted:
+        def __init__(self):
+            self.seen = 0
+
+        def next(self, limit=None):
+            size = sizes[min(self.seen, len(sizes) - 1)]
+            self.seen += 1
+            return max(1, min(size, limit or size))
+
+        def observe(self, *args, **kwargs):
+            pass
+
+    target = Target(model, draft.args.target_layer_ids)
+    cache = make_prompt_cache(model, draft)
+    lags = []
+    gen = generate_blocks(
+        target, draft, prompt, cache, SamplingParams(), Scripted(), 40
+    )
+    for _ in gen:
+        lags.append(len(cache.tokens) - cache.draft[0].offset)
+    assert max(lags) == MAX_UNABSORBED - 1  # it waited, and not for ever
+    assert lags[MAX_UNABSORBED + 4] > 0 == lags[MAX_UNABSORBED + 5]  # then the 4
+    assert all(c.offset == len(cache.tokens) for c in cache.draft)
+    fresh = make_prompt_cache(model, draft)
+    _, features = target(mx.array([cache.tokens]), fresh.target)
+    draft.absorb(features, fresh.draft)
+    for ours, once in zip(cache.draft, fresh.draft, strict=True):
+        n = ours.offset
+        for a, b in ((ours.keys, once.keys), (ours.values, once.values)):
+            assert mx.allclose(a[..., :n, :], b[..., :n, :], atol=1e-4, rtol=1e-4)
