@@ -28,8 +28,10 @@ A fresh policy need not explore from scratch: the drafter's shipped per-position
 acceptance (`draft.acceptance_prior`, see acceptance.py) enters as pseudo-counts worth
 `prior_blocks` blocks, which real observations outweigh after as many blocks; and
 `calibrate.py` times each block size and verify size during the load-time warm-up, so
-every size starts timed. Without either, each acceptance starts at one optimistic
-pseudo-observation and each size is tried once. docs/policy.md has the whole picture.
+every size starts timed (stored times are rescaled by the first verify this process
+measures: they may come from a busier moment). Without either, each acceptance starts
+at one optimistic pseudo-observation and each size is tried once. docs/policy.md has
+the whole picture.
 """
 
 PRIOR_BLOCKS = 16.0  # the shipped acceptance counts as this many observed blocks
@@ -81,6 +83,9 @@ class AdaptiveBlockSize:
         self._prior_floor = min(1.0, 1.0 / prior_blocks) if prior_blocks > 0 else 1.0
         self.seconds: dict[int, float] = {}  # t(B): wall time of a block of size B
         self.verify_seconds: dict[int, float] = {}  # v(T): verifying T tokens
+        # the sizes of each timed in this process: a calibrated time (another
+        # process, maybe a busier machine or older code) is replaced, not averaged
+        self._timed_here: dict[str, set[int]] = {"block": set(), "verify": set()}
         self.blocks = 0
         self._explore_next = 0
         self._gap = explore_every  # blocks to the next exploration; doubles on a loss
@@ -188,11 +193,9 @@ class AdaptiveBlockSize:
         if self._confidence is not None and len(self._confidence) == size - 1:
             self._count_cut(self._confidence, size, verified, n_accepted)
         self._confidence = None
-        self.seconds[size] = self._smooth_time(self.seconds.get(size), seconds)
-        if verify_seconds is not None:
-            self.verify_seconds[verified] = self._smooth_time(
-                self.verify_seconds.get(verified), verify_seconds
-            )
+        if verify_seconds is not None:  # first: it may rescale stored block times
+            self._time("verify", self.verify_seconds, verified, verify_seconds)
+        self._time("block", self.seconds, size, seconds)
         self._tokens = self._smooth(self._tokens, n_accepted + 1)
         self._block_seconds = self._smooth(self._block_seconds, seconds)
         if size == self._explored:
@@ -233,8 +236,33 @@ class AdaptiveBlockSize:
     def _smooth(self, old: float | None, new: float) -> float:
         return new if old is None else old + self.smoothing * (new - old)
 
-    def _smooth_time(self, old: float | None, new: float) -> float:
-        return self._smooth(old, new if old is None else min(new, old * TIME_OUTLIER))
+    def _time(self, kind: str, table: dict[int, float], size: int, seconds: float):
+        """Update t or v at `size` with a block's measurement: smoothed once timed in
+        this process, else replacing the stored (calibrated) time. The first v(T)
+        measured here also scales the stored times not yet measured here by its
+        ratio: they came from another moment (a busier machine, older code), and a v
+        too high for a size the cut then never verified would never be measured
+        again. (A first t(B) says less: it is timed with the cut, calibrated
+        without.)"""
+        old = table.get(size)
+        if old is None and kind == "verify":
+            old = self.verify_cost(size)  # interpolated between stored sizes
+        if old is not None:
+            seconds = min(seconds, old * TIME_OUTLIER)
+        here = self._timed_here[kind]
+        if size in here or kind == "block":
+            table[size] = self._smooth(old, seconds)
+            here.add(size)
+            return
+        table[size] = seconds
+        here.add(size)
+        if old:
+            pace = seconds / old
+            tables = (("block", self.seconds), ("verify", self.verify_seconds))
+            for name, times in tables:
+                for k in times:
+                    if k not in self._timed_here[name]:
+                        times[k] *= pace
 
     @property
     def tokens_rate(self) -> float | None:

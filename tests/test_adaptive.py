@@ -196,3 +196,24 @@ def test_a_pause_counts_as_a_slower_block_not_as_a_new_cost():
     assert p.verify_seconds[2] == pytest.approx(0.035 * (1 + step))
     p.observe(2, 1, 0.030, verified=2)  # faster blocks count in full
     assert p.seconds[2] == pytest.approx(0.040 * (1 + step) * 0.7 + 0.030 * 0.3)
+
+
+def test_stored_times_follow_the_first_verify_this_process_measures():
+    """Calibrated times from another moment (here 1.5x too slow): the first v(T)
+    measured here replaces the stored one and scales every stored time not yet
+    measured here by the same ratio; measured ones are smoothed as usual."""
+    p = AdaptiveBlockSize(8)
+    p.seconds = {1: 0.045, 2: 0.054, 4: 0.066, 8: 0.090}
+    p.verify_seconds = {1: 0.042, 2: 0.048, 4: 0.060, 8: 0.072}
+    p.observe(8, 0, 0.035, verified=1, verify_seconds=0.028)  # the cut kept none
+    assert p.verify_seconds == pytest.approx({1: 0.028, 2: 0.032, 4: 0.040, 8: 0.048})
+    # t(8) was timed with the cut: smoothed from its rescaled stored time
+    assert p.seconds[8] == pytest.approx(0.060 + p.smoothing * (0.035 - 0.060))
+    assert p.seconds[1] == pytest.approx(0.030) and p.seconds[2] == pytest.approx(0.036)
+    # a verify size never stored compares with the interpolated time: v(3) = 0.036
+    p.observe(4, 1, 0.040, verified=3, verify_seconds=0.036 * 0.5)
+    assert p.verify_seconds[3] == pytest.approx(0.018)
+    assert p.verify_seconds[2] == pytest.approx(0.016)  # not measured here yet: halved
+    assert p.verify_seconds[1] == pytest.approx(0.028)  # measured here: kept
+    p.observe(2, 1, 0.030, verified=2, verify_seconds=0.030)  # later: smoothed
+    assert p.verify_seconds[2] == pytest.approx(0.016 * 1.5)  # capped as a pause

@@ -93,7 +93,7 @@ def test_open_session_hands_the_calibrated_policy_to_the_chat(pair):
 
 def test_timings_are_kept_for_the_next_process(pair, tmp_path, monkeypatch):
     """A full calibration writes its timings; a later one reads them back and runs
-    only a two-token plain warm-up (no drafter, no schedule)."""
+    only one drafted block of the largest size (a warm-up, no schedule)."""
     _, _, model, tok, draft = pair
     from dflash_mlx import calibrate as module
 
@@ -114,7 +114,7 @@ def test_timings_are_kept_for_the_next_process(pair, tmp_path, monkeypatch):
     second = module.calibrate(model, draft, tok, timings=path)
     assert second.seconds == first.seconds
     assert second.verify_seconds == first.verify_seconds
-    assert runs == [(None, None, 2)]
+    assert runs == [(draft, 8, 9)]
     assert second.next() == 8  # each size still runs once for real, largest first
 
 

@@ -107,6 +107,25 @@ def test_auto_costs_under_3_percent_where_the_drafter_cannot_help():
     assert overhead(lambda: Fixed(4), "code", 1000, seeds=4) > 0.1
 
 
+@pytest.mark.parametrize("factor", [1.45, 0.7])
+@pytest.mark.parametrize("text", ["gsm8k", "code"])
+def test_stored_timings_from_another_moment_cost_nothing(text, factor):
+    """Timings read back from a file written on a busier machine (1.45x) or a faster
+    one (0.7x): the first verify measured here puts them right. (Before, a stale
+    v(2) the cut never verified was never measured again: 2 of 5 cold gsm8k
+    answers never drafted.)"""
+
+    def stale():
+        p = start()
+        for times in (p.seconds, p.verify_seconds):
+            for size in times:
+                times[size] *= factor
+        return p
+
+    fresh = overhead(start, text, 128, seeds=40)
+    assert overhead(stale, text, 128, seeds=40) == pytest.approx(fresh, abs=0.005)
+
+
 def test_auto_starts_near_the_best_size_where_drafting_pays():
     def best_fixed(tokens, seeds):
         return min(
