@@ -11,6 +11,17 @@ namespace {
 
 constexpr int MAX_CHUNK = 8;  // rows of x multiplied per pass over a group of w rows
 constexpr size_t PARALLEL_BYTES = 1 << 17;  // smaller weights run on one thread
+// Weights ahead of the loads, in elements, prefetched where x has 2+ rows: the
+// weights stream from memory and more arithmetic per weight left fewer loads in
+// flight (block 8 at 31-32 tok/s without, 36-38 with; a plain step, one row, lost
+// ~5% to the extra instructions, so it has none; Intel Xeon, AVX-512).
+constexpr int PREFETCH = 256;
+
+template <Weights W>
+inline void prefetch_weights(const void* w, size_t i) {
+  constexpr size_t bytes = W == Weights::f32 ? 4 : 2;
+  __builtin_prefetch(static_cast<const char*>(w) + i * bytes, 0, 3);
+}
 
 // y[t * ldy + o] for o in [o0, o1), t < T, in groups of R output rows of the
 // weights w (in, W-typed). Each element is LANES partial sums over `in` in order,
@@ -28,7 +39,9 @@ void rows_fixed(const void* w, const float* x, float* y, int o0, int o1, int ldy
       vec xs[T];
       for (int t = 0; t < T; t++) xs[t] = load(x + (size_t)t * in + i);
       for (int r = 0; r < R; r++) {
-        vec wr = load_weights<W>(w, (size_t)(o + r) * in + i);
+        const size_t at = (size_t)(o + r) * in + i;
+        if constexpr (T > 1) prefetch_weights<W>(w, at + PREFETCH);
+        vec wr = load_weights<W>(w, at);
         for (int t = 0; t < T; t++) acc[r][t] += wr * xs[t];
       }
     }
