@@ -83,8 +83,8 @@ class AdaptiveBlockSize:
         self._prior_floor = min(1.0, 1.0 / prior_blocks) if prior_blocks > 0 else 1.0
         self.seconds: dict[int, float] = {}  # t(B): wall time of a block of size B
         self.verify_seconds: dict[int, float] = {}  # v(T): verifying T tokens
-        # the sizes of each timed in this process: a calibrated time (another
-        # process, maybe a busier machine or older code) is replaced, not averaged
+        # the sizes timed in this process, per table (see `_time`: a stored verify
+        # time, from another moment, is replaced by the first measured here)
         self._timed_here: dict[str, set[int]] = {"block": set(), "verify": set()}
         self.blocks = 0
         self._explore_next = 0
