@@ -11,9 +11,10 @@ Timings belong to the machine and the pair, so they can be kept. With a `timings
 (the CLI's is `timings_file(...)` under the user cache, keyed by CPU or chip, MLX
 device, BLAS, versions, target and drafter), a later process reads them back and runs
 one drafted block of the largest size as its warm-up instead of the whole schedule:
-~2 s less to a cold `generate` of the demo pair. The policy replaces each stored time
-with its own first measurement of that size, so a stale file costs a few blocks, not
-the answer; deleting the file times everything again.
+~2 s less to a cold `generate` of the demo pair. The first verify the policy measures
+replaces the stored one and rescales the other stored times (see
+`AdaptiveBlockSize._time`), so a stale file costs a few blocks, not the answer;
+deleting the file times everything again.
 """
 
 import hashlib
@@ -67,8 +68,8 @@ def calibrate(
     verify size timed on this machine by a short throwaway generation.
 
     With `timings` (a JSON file), timings stored there for every size are read back and
-    only one block of the largest size runs as a warm-up (the policy re-times each
-    size in its first real block); otherwise the full schedule runs and its
+    only one drafted block of the largest size runs as a warm-up (the policy corrects
+    stored times with its own measurements); otherwise the full schedule runs and its
     timings are written there."""
     from .generate import stream_generate
 
