@@ -42,7 +42,7 @@ test: setup
 lint: setup
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
-	$(BIN)/mypy dflash_mlx
+	$(BIN)/mypy dflash_mlx cli
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -1,7 +1,7 @@
 """Rich rendering for `dflash-mlx bench`: progress, tables, histograms, environment."""
 
 from rich import box
-from rich.console import Console
+from rich.console import Console, JustifyMethod
 from rich.panel import Panel
 from rich.progress import (
     BarColumn,
@@ -87,7 +87,7 @@ def summary_table(rows: list[dict]) -> Table:
         padding=(0, 1),
         collapse_padding=True,
     )
-    columns = [
+    columns: list[tuple[str, JustifyMethod]] = [
         ("dataset", "left"),
         ("engine", "left"),
         ("B", "right"),

@@ -152,7 +152,10 @@ def _read(out, group) -> str:
             ui.cancelled(out)
         except UnicodeDecodeError:
             ui.error(out, NOT_UTF8)
-    return text if group is None else group.broadcast_text(text)
+    if group is not None:
+        return group.broadcast_text(text)
+    assert text is not None  # the loop above ends only with a message
+    return text
 
 
 def _loop(session, out, note: str | None, group=None):

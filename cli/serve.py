@@ -146,17 +146,6 @@ def serve(
     except ValueError as e:
         ui.error(out, str(e))
         raise typer.Exit(1) from None
-    options = dict(
-        block_size=size,
-        max_tokens=max_tokens,
-        temperature=temp,
-        max_concurrency=max_concurrency,
-        max_queue=max_queue,
-        request_timeout=request_timeout,
-        prompt_cache_bytes=cache_bytes,
-        max_body_bytes=body_bytes,
-        api_key=api_key,
-    )
     try:
         loaded, (model_ref, draft_ref, note) = _load(
             model, draft, no_draft, draft_bits, out, group
@@ -165,7 +154,15 @@ def serve(
             model_id=model_name or _served_name(model_ref),
             draft_id=draft_ref,
             aliases=(model_ref,),
-            **options,
+            block_size=size,
+            max_tokens=max_tokens,
+            temperature=temp,
+            max_concurrency=max_concurrency,
+            max_queue=max_queue,
+            request_timeout=request_timeout,
+            prompt_cache_bytes=cache_bytes,
+            max_body_bytes=body_bytes,
+            api_key=api_key,
         )
         _run(out, loaded, config, note, sock, host, log_level, group)
     except ValueError as e:

@@ -5,6 +5,7 @@ from rich.progress import (
     BarColumn,
     MofNCompleteColumn,
     Progress,
+    TaskID,
     TextColumn,
     TimeElapsedColumn,
     TimeRemainingColumn,
@@ -45,7 +46,7 @@ class _Bars:
     def __init__(self, out: Console):
         self.out = out
         self.progress: Progress | None = None
-        self.task = None
+        self.task: TaskID | None = None
 
     def close(self):
         if self.progress is not None:
@@ -59,7 +60,8 @@ class _Bars:
             self.task = self.progress.add_task(
                 name, total=total, completed=done, info=""
             )
-        self.progress.update(self.task, **fields)
+        if self.task is not None:
+            self.progress.update(self.task, **fields)
 
     def print(self, text: str):
         (self.progress.console if self.progress else self.out).print(text)

@@ -168,7 +168,7 @@ def read_message(out: Console) -> str:
     """One user message. A line ending in \\ continues; \"\"\" opens/closes a block."""
     line = out.input("[bold blue]>>> [/]") if out.is_terminal else input()
     if line.strip() == '"""':
-        lines = []
+        lines: list[str] = []
         while True:
             more = out.input("[dim]... [/]") if out.is_terminal else input()
             if more.strip() == '"""':
