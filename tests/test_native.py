@@ -9,6 +9,7 @@ import shutil
 import sys
 import sysconfig
 import threading
+import time
 from pathlib import Path
 
 import mlx.core as mx
@@ -42,8 +43,45 @@ def test_builds_where_a_compiler_and_python_headers_are():
     if BUILDABLE:
         assert native.load() is not None, native.status()
         assert native.status().startswith("native (")
+        # loading marks the build as used, so a later prune keeps it
+        build = Path(native.load().__file__).parent
+        assert time.time() - build.stat().st_mtime < 3600
     else:
         assert native.load() is None and "MLX's matmul" in native.status()
+
+
+def test_a_new_build_prunes_only_builds_unused_for_30_days(tmp_path):
+    """Old builds (another MLX or source version) go; recent ones, the one in use, one
+    mid-build, and anything not named like a build stay."""
+    import fcntl
+    import os
+
+    now = 1_000_000_000.0
+    old, recent = now - native.UNUSED_SECONDS - 60, now - 24 * 3600
+
+    def folder(name, when, lock=False):
+        path = tmp_path / name
+        path.mkdir()
+        (path / "_dflash_native.so").write_bytes(b"binary")
+        os.utime(path, (when, when))
+        return path
+
+    current = folder("0123456789abcdef", old)
+    stale = folder("fedcba9876543210", old)
+    fresh = folder("00000000000000aa", recent)
+    building = folder("00000000000000bb", old)
+    foreign = folder("my-notes", old)
+    lone_file = tmp_path / "00000000000000cc"
+    lone_file.write_text("not a build")
+    os.utime(lone_file, (old, old))
+    with open(building / ".lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        os.utime(building, (old, old))
+        removed = native.prune_builds(tmp_path, keep=current, now=now)
+    assert removed == [stale]
+    assert not stale.exists()
+    for kept in (current, fresh, building, foreign, lone_file):
+        assert kept.exists(), kept
 
 
 @pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")

@@ -6,7 +6,8 @@ half), `rms_norm`, `rope` and `block_attention` (a few query rows over a KV cach
 `ops.h` says why. It is built the way MLX builds
 its own CPU kernels: with the system C++ compiler, on first use, into the user cache
 (`~/.cache/dflash-mlx/native`), keyed by everything the binary depends on (source,
-MLX, nanobind, Python, compiler, CPU), so later processes load it at once. It links
+MLX, nanobind, Python, compiler, CPU), so later processes load it at once; a new
+build removes the builds no process has loaded for 30 days. It links
 the installed `libmlx` and joins MLX's nanobind domain, so it takes and returns
 `mx.array`s in lazy graphs like any op. `ops.py` wraps them as the CPU's kernels.
 
@@ -18,11 +19,14 @@ keeps MLX's own matmul; `status()` says why (shown by `dflash-mlx doctor`).
 import fcntl
 import hashlib
 import importlib.util
+import os
 import platform
+import re
 import shutil
 import subprocess
 import sys
 import sysconfig
+import time
 from functools import cache
 from importlib.metadata import version as version_of
 from pathlib import Path
@@ -41,6 +45,10 @@ BUILD_SECONDS = 300
 # than one pass takes, against MLX's own ops.
 CHECK_SHAPES = ((1, 37, 40), (3, 41, 64), (11, 9, 130), (5, 33, 64))
 CHECK_TOLERANCE = 1e-4
+# A build folder's name is a 16-hex-digit key; one no process has loaded for this long
+# (another MLX, compiler or source version) is removed when a new build is made.
+BUILD_NAME = re.compile(r"[0-9a-f]{16}")
+UNUSED_SECONDS = 30 * 24 * 3600
 
 
 def status() -> str:
@@ -96,6 +104,7 @@ def _load() -> ModuleType:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not binary.is_file() and not failed.is_file():
                 _build(compiler, nanobind, python_include, binary, failed)
+                prune_builds(folder.parent, keep=folder)
     if failed.is_file():
         raise _Unavailable(
             f"MLX's matmul (the native kernels failed to build; see {failed}, "
@@ -103,7 +112,37 @@ def _load() -> ModuleType:
         )
     module = _import(binary)
     _self_check(module)
+    _mark_used(folder)
     return module
+
+
+def _mark_used(folder: Path):
+    """Record that a process loaded this build (its folder's time), for pruning."""
+    try:
+        os.utime(folder)
+    except OSError:  # a read-only cache still works; it is just never pruned
+        pass
+
+
+def prune_builds(builds: Path, keep: Path, now: float | None = None) -> list[Path]:
+    """Remove the build folders in `builds` (other than `keep`) that no process has
+    loaded for UNUSED_SECONDS; the removed folders. Only names of the build key's
+    form are touched, and a folder whose build is in progress is left alone."""
+    now = time.time() if now is None else now
+    removed = []
+    for folder in builds.iterdir():
+        if folder == keep or not BUILD_NAME.fullmatch(folder.name):
+            continue
+        try:
+            if not folder.is_dir() or now - folder.stat().st_mtime < UNUSED_SECONDS:
+                continue
+            with open(folder / ".lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # not mid-build
+                shutil.rmtree(folder)
+        except OSError:  # in use, or not ours to remove: keep it
+            continue
+        removed.append(folder)
+    return removed
 
 
 def _cache_folder(compiler: str, nanobind_version: str) -> Path:
