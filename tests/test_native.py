@@ -59,7 +59,7 @@ def test_a_new_build_prunes_only_builds_unused_for_30_days(tmp_path):
     now = 1_000_000_000.0
     old, recent = now - native.UNUSED_SECONDS - 60, now - 24 * 3600
 
-    def folder(name, when, lock=False):
+    def folder(name, when):
         path = tmp_path / name
         path.mkdir()
         (path / "_dflash_native.so").write_bytes(b"binary")
