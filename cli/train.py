@@ -29,7 +29,7 @@ def train(
         "--prompts",
         "-p",
         help="bundled:gsm8k-train, bundled:mbpp-train, bundled:code-train, "
-        "bundled:chat-train, bundled:chat-train-2 or a .jsonl "
+        "bundled:code-train-2, bundled:chat-train, bundled:chat-train-2 or a .jsonl "
         "file (repeat to mix).",
     ),
     max_prompts: int = typer.Option(

@@ -143,6 +143,28 @@ def test_code_train_prompts_are_not_the_benchmarks():
     assert not prompts & tests
 
 
+def test_code_train_2_prompts_are_new_and_not_the_benchmarks():
+    """Class-method prompts: distinct, none of code-train's, none a benchmark prompt,
+    every id in the set's own namespace and both shapes present."""
+    import gzip
+    import json
+
+    from dflash_mlx.datasets import DATA_DIR, bundled
+    from dflash_mlx.train.data import load_prompts
+
+    second = load_prompts("bundled:code-train-2")
+    texts = [p.messages[0]["content"] for p in second]
+    assert len(set(texts)) == len(texts) > 2000
+    first = {p.messages[0]["content"] for p in load_prompts("bundled:code-train")}
+    tests = {s.turns[0] for name in ("humaneval", "mbpp") for s in bundled(name)}
+    assert not set(texts) & (first | tests)
+    rows = [json.loads(line) for line in gzip.open(DATA_DIR / "train_code_2.jsonl.gz")]
+    assert [r["prompt"] for r in rows] == texts
+    assert {r["id"].split("/")[0] for r in rows} == {"code-train-2"}
+    assert {r["id"].split("/")[1] for r in rows} == {"humaneval", "mbpp"}
+    assert all("class " in r["prompt"] for r in rows if "/humaneval/" in r["id"])
+
+
 def test_chat_train_prompts_are_not_mt_bench():
     """Distinct general-chat prompts in both sets, none shared and none of them an
     MT-Bench turn (and the bundled files are what examples/make_chat_prompts.py

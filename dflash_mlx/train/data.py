@@ -18,6 +18,7 @@ BUNDLED = {
     "gsm8k-train": ("train_gsm8k.jsonl.gz", lambda r: r["question"] + BOXED),
     "mbpp-train": ("train_mbpp.jsonl.gz", lambda r: r["prompt"]),
     "code-train": ("train_code.jsonl.gz", lambda r: r["prompt"]),
+    "code-train-2": ("train_code_2.jsonl.gz", lambda r: r["prompt"]),
     "chat-train": ("train_chat.jsonl.gz", lambda r: r["prompt"]),
     "chat-train-2": ("train_chat_2.jsonl.gz", lambda r: r["prompt"]),
 }
@@ -55,7 +56,7 @@ def _record_messages(r, where: str) -> list:
 
 
 def load_prompts(spec: str) -> list[Prompt]:
-    """`bundled:NAME` (gsm8k-train, mbpp-train, code-train, chat-train,
+    """`bundled:NAME` (gsm8k-train, mbpp-train, code-train, code-train-2, chat-train,
     chat-train-2) or a .jsonl(.gz) file."""
     if spec.startswith("bundled:"):
         name = spec.split(":", 1)[1]
