@@ -106,15 +106,13 @@ def _functions():
 
 def _methods():
     """(module, class, method, signature, summary) of the public methods defined in
-    the stdlib's public classes (each class once, where it is defined)."""
-    seen = set()
+    the stdlib's public classes, in the module that defines each."""
     for name, module in _modules():
         for cname, cls in sorted(vars(module).items()):
             if cname.startswith("_") or not inspect.isclass(cls):
                 continue
-            if cls.__module__ != name or (name, cname) in seen:
+            if cls.__module__ != name:
                 continue
-            seen.add((name, cname))
             for mname, func in sorted(vars(cls).items()):
                 if mname.startswith("_") or not inspect.isfunction(func):
                     continue
