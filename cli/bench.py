@@ -28,7 +28,7 @@ class BenchOptions:
 
 def resolve_models(model: str | None, draft: str | None) -> tuple[str, str]:
     """Target and drafter: as given, else the built-in pair or the drafter registry."""
-    from dflash_mlx.resolve import resolve_models as resolve
+    from dflash_mlx.loading.resolve import resolve_models as resolve
 
     model, draft, _ = resolve(model, draft)
     if draft is None:
@@ -43,7 +43,8 @@ def _engines(opts: BenchOptions, model, draft, tokenizer, ids: tuple[str, str]) 
     from mlx_lm.sample_utils import make_sampler
 
     from dflash_mlx import bench
-    from dflash_mlx.loading import DRAFT_FILES, TARGET_FILES, resolve_path
+    from dflash_mlx.loading import DRAFT_FILES, TARGET_FILES
+    from dflash_mlx.loading.hub import resolve_path
 
     engines = {
         bench.BASELINE: bench.mlx_lm_engine(model, tokenizer, make_sampler(opts.temp)),

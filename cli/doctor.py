@@ -27,10 +27,10 @@ def _backend(mx) -> str:
 def _cpu_kernels(mx) -> tuple[str, list]:
     """Which kernels block verification uses on this device, and a fix if they are
     slow."""
-    from dflash_mlx import cpu_ops
-
     if mx.default_device() != mx.cpu:
         return "MLX's own (fused on this device)", []
+    from dflash_mlx.cpu import ops as cpu_ops
+
     if cpu_ops.available():
         return "fused (mx.compile, cpu_ops)", []
     return "MLX's own (MLX could not compile CPU kernels)", [
@@ -41,10 +41,11 @@ def _cpu_kernels(mx) -> tuple[str, list]:
 
 def _small_products(mx) -> tuple[str, list]:
     """How the products of a decoding step or a verify block run (see
-    dflash_mlx/native and dflash_mlx/cpu_gemm.py), and a fix where they are slow."""
-    from dflash_mlx import blas, cpu_gemm, kernels, native
+    dflash_mlx/cpu/native and dflash_mlx/cpu/gemm.py), and a fix where they are slow."""
+    from dflash_mlx import backend
+    from dflash_mlx.cpu import blas, gemm, native
 
-    chosen = kernels.for_device()
+    chosen = backend.for_device()
     if not chosen.cpu_blocks:
         return "whole (MLX's own kernels)", []
     if native.load() is not None:
@@ -54,7 +55,7 @@ def _small_products(mx) -> tuple[str, list]:
         "slower than with the native kernels."
     ]
     core = blas.openblas_core()
-    if chosen.linear is cpu_gemm.blocked_linear:
+    if chosen.linear is gemm.blocked_linear:
         return f"row blocks on OpenBLAS's small-matrix kernels ({core})", fixes
     if core:
         return f"whole (OpenBLAS's {core} kernels have no small-matrix path)", fixes
@@ -65,7 +66,8 @@ def collect(matmul_size: int = 1024, model: str | None = None, group=None) -> di
     """Everything doctor reports, as plain data (also what `--json` prints)."""
     import mlx.core as mx
 
-    from dflash_mlx import blas, defaults
+    from dflash_mlx.cpu import blas
+    from dflash_mlx.loading import defaults
 
     info = blas.blas_in_use()
     gflops = blas.matmul_gflops(matmul_size) if matmul_size > 0 else None
@@ -105,7 +107,7 @@ def collect(matmul_size: int = 1024, model: str | None = None, group=None) -> di
             "yet: train one with `dflash-mlx train`, or pass a drafter with --draft."
         )
     if model is not None:
-        from dflash_mlx.model_check import check_target
+        from dflash_mlx.loading.check import check_target
 
         report["model"] = check_target(model)
         if not report["model"]["loads"]:
@@ -208,7 +210,7 @@ def doctor(
     ),
 ):
     """Check backend, device, BLAS and matmul speed, the models, and print fixes."""
-    from dflash_mlx.blas import check_matmul_size
+    from dflash_mlx.cpu.blas import check_matmul_size
 
     from . import errors, ui
     from .ranks import join

@@ -37,11 +37,14 @@ app.command("serve")(serve)
 
 
 def main():
-    """Console entry: on Linux, re-exec once with OpenBLAS preloaded (see blas.py), then
-    run."""
-    from dflash_mlx.blas import ensure_fast_blas
+    """Console entry: on Linux, re-exec once with OpenBLAS preloaded (see
+    dflash_mlx/cpu/blas.py), then run."""
+    import sys
 
-    ensure_fast_blas()
+    if sys.platform.startswith("linux"):  # elsewhere it never re-executes
+        from dflash_mlx.cpu.blas import ensure_fast_blas
+
+        ensure_fast_blas()
     app()
 
 

@@ -33,7 +33,7 @@ def host_warning(host: str, api_key: str | None) -> str | None:
 
 def _load(model, draft, no_draft, draft_bits, out, group=None):
     from dflash_mlx import load, load_draft
-    from dflash_mlx.resolve import resolve_models
+    from dflash_mlx.loading.resolve import resolve_models
 
     from . import ui
     from .session import _timings, _warm_up
@@ -55,7 +55,7 @@ def _load(model, draft, no_draft, draft_bits, out, group=None):
 def _device_line(group=None) -> str:
     import mlx.core as mx
 
-    from dflash_mlx.blas import blas_in_use
+    from dflash_mlx.backend import blas_in_use
 
     info = blas_in_use()
     blas = info["name"] + (f" ({info['path']})" if info["path"] else "")

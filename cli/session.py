@@ -21,7 +21,7 @@ def open_session(
 
     from dflash_mlx import load, load_draft
     from dflash_mlx.chat import ChatSession
-    from dflash_mlx.resolve import resolve_models
+    from dflash_mlx.loading.resolve import resolve_models
 
     model, draft, note = resolve_models(model, draft, no_draft)
     with status(model) if status else nullcontext():
@@ -68,8 +68,8 @@ def _join(*notes) -> str | None:
 
 def _timings(model, draft):
     """The file keeping this machine's block timings for the pair, or None."""
-    from dflash_mlx.calibrate import timings_file
-    from dflash_mlx.defaults import user_cache
+    from dflash_mlx.engine.calibrate import timings_file
+    from dflash_mlx.files import user_cache
 
     return timings_file(user_cache() / "timings", model, draft) if draft else None
 
@@ -78,10 +78,10 @@ def _warm_up(target, tokenizer, drafter, timings=None):
     """A short throwaway generation, so MLX compiles its kernels (on a CPU once per
     machine, ~6 s for the demo pair) behind the loading spinner, not in the first
     answer. With a drafter it times every block size too: the session's adaptive
-    policy, which then starts calibrated (see dflash_mlx/calibrate.py), from the
+    policy, which then starts calibrated (see dflash_mlx/engine/calibrate.py), from the
     `timings` file when an earlier process wrote it."""
     from dflash_mlx import stream_generate
-    from dflash_mlx.calibrate import calibrate
+    from dflash_mlx.engine.calibrate import calibrate
 
     if drafter is not None:
         return calibrate(target, drafter, tokenizer, timings=timings)

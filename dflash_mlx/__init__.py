@@ -1,7 +1,20 @@
 """DFlash speculative decoding on MLX: a block-diffusion drafter plus lossless
 verification.
 
-Exports load lazily so that `import dflash_mlx.blas` or `dflash-mlx --help` stay fast.
+Exports load lazily so that `import dflash_mlx.files` or `dflash-mlx --help` stay fast.
+
+The library, by role; each layer imports only the layers before it, and nothing imports
+upward (tests/test_architecture.py checks it):
+- base modules: `validate`, `files`, `sampling`, `kernels` (the kernels' interface),
+  `distributed`, `conversation`, `datasets`;
+- `cpu/`: what MLX's CPU backend needs (never imported on a Mac);
+- `backend`: `for_device`, the one entry point that picks kernels;
+- `models/`: the drafters and the target side;
+- `engine/`: the block loop in token ids and what steers it;
+- `loading/` (names -> models) and `gguf/`;
+- `generate`: the text API;
+- `chat/`, `bench/`, `serve/`, `train/`: the library halves of the commands;
+- then `cli/`, the commands.
 """
 
 import sys
@@ -11,16 +24,16 @@ from types import ModuleType
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "DFlashConfig": ("draft", "ModelArgs"),
-    "DFlashDraftModel": ("draft", "Model"),
+    "DFlashConfig": ("models.draft", "ModelArgs"),
+    "DFlashDraftModel": ("models.draft", "Model"),
     "GenerationResponse": ("generate", "GenerationResponse"),
-    "PromptCache": ("cache", "PromptCache"),
-    "SamplingParams": ("verify", "SamplingParams"),
-    "Target": ("target", "Target"),
-    "check_compatible": ("loading", "check_compatible"),
+    "PromptCache": ("models.cache", "PromptCache"),
+    "SamplingParams": ("sampling", "SamplingParams"),
+    "Target": ("models.target", "Target"),
+    "check_compatible": ("loading.drafters", "check_compatible"),
     "generate": ("generate", "generate"),
-    "load": ("loading", "load"),
-    "load_draft": ("loading", "load_draft"),
+    "load": ("loading.targets", "load"),
+    "load_draft": ("loading.drafters", "load_draft"),
     "make_prompt_cache": ("generate", "make_prompt_cache"),
     "stream_generate": ("generate", "stream_generate"),
 }

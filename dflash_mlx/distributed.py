@@ -6,7 +6,8 @@ the drafter, and runs the same speculative loop in lockstep. The drafter reads t
 features taken after the all-reduce, identical on every rank, so the drafts, the target
 logits and therefore the accepted tokens agree without extra traffic. What could differ
 is broadcast from rank 0: the adaptive policy's choices (they come from wall-clock
-timings) and, for sampling without a seed, the seed. Launch with `mlx.launch`.
+timings) and, for sampling without a seed, the seed (engine/lockstep.py). Launch with
+`mlx.launch`.
 """
 
 import hashlib
@@ -178,29 +179,3 @@ def file_digest(folder) -> str:
             data.seek(max(size - (1 << 16), 0))
             h.update(data.read())
     return h.hexdigest()[:32]
-
-
-class Lockstep:
-    """A block-size policy whose decisions are rank 0's on every rank."""
-
-    def __init__(self, policy, group: Group):
-        self.policy, self.group = policy, group
-        if hasattr(policy, "cut"):
-            self.cut = self._cut
-
-    def next(self, limit: int | None = None) -> int:
-        return self.group.broadcast([self.policy.next(limit=limit)])[0]
-
-    def _cut(self, confidence: list) -> int:
-        return self.group.broadcast([self.policy.cut(confidence)])[0]
-
-    def observe(self, *args, **kwargs):
-        self.policy.observe(*args, **kwargs)
-
-    def __getattr__(self, name):  # the wrapped policy's statistics
-        return getattr(self.__dict__["policy"], name)
-
-
-def shared_seed(group: Group) -> int:
-    """A seed drawn on rank 0 and used by all: sampled tokens agree on every rank."""
-    return group.broadcast([int.from_bytes(os.urandom(4), "little") >> 1])[0]

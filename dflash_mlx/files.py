@@ -2,6 +2,8 @@
 
 A file is written to a temporary name in its own folder and renamed over the target,
 so an interrupted or failed write leaves the old file (or none), never half of one.
+`user_cache` is where dflash-mlx keeps what it makes once per machine (unpacked
+drafters, native kernel builds, timings).
 """
 
 import os
@@ -94,3 +96,9 @@ def check_folder(path: str | os.PathLike, what: str) -> Path:
             "folder."
         ) from None
     return path
+
+
+def user_cache() -> Path:
+    """dflash-mlx's folder in the user cache ($XDG_CACHE_HOME, default ~/.cache)."""
+    base = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
+    return Path(base).expanduser() / "dflash-mlx"

@@ -9,10 +9,10 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from . import validate
-from .adaptive import AdaptiveBlockSize, FixedBlockSize
-from .cache import PromptCache
-from .engine import Block, TokenLogprobs, as_target, generate_blocks
-from .verify import SamplingParams
+from .engine.loop import Block, TokenLogprobs, as_target, generate_blocks
+from .engine.policy import AdaptiveBlockSize, FixedBlockSize
+from .models.cache import PromptCache
+from .sampling import SamplingParams
 
 
 @dataclass

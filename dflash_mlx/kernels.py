@@ -1,25 +1,20 @@
-"""The few ops whose kernels differ by device, chosen once per target or drafter.
+"""The few ops whose kernels differ by device: the interface, and MLX's own.
 
-MLX's own ops everywhere, except on the CPU where MLX can compile them: there `cpu_ops`'
-fused exp makes softmax, SwiGLU and small-block attention cheaper (see cpu_ops.py), the
-native kernels (dflash_mlx/native) run the products, norms and attention of decoding
-steps and verify blocks where they can be built, and otherwise, on an OpenBLAS with
-small-matrix kernels, the 1-3 token products run on those (see cpu_gemm.py).
+`Kernels` names what a target or drafter runs through (products, norms, attention,
+rotary embeddings); `MLX` is MLX's generic kernels, right on every device.
+`backend.for_device` picks the kernels once per target or drafter: these, or on the
+CPU, where MLX's backend is slow, those of `dflash_mlx/cpu` (fused exp for softmax,
+SwiGLU and small-block attention, native kernels for the products, norms and attention
+of decoding steps and verify blocks, or OpenBLAS's small-matrix kernels). The CPU-only
+stand-ins (target blocks, recurrent mixers, rotary tables) are reached through the
+fields of `Kernels`, never imported: this module imports nothing from dflash_mlx.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import mlx.core as mx
 import mlx.nn as nn
-
-from .cpu_gemm import (
-    apply_linear,
-    apply_pair,
-    blocked_linear,
-    blocked_pair,
-    small_kernels,
-)
 
 
 @dataclass(frozen=True)
@@ -39,6 +34,18 @@ class WindowMask:
         return visible & (k <= keys - rows + t) if self.causal else visible
 
 
+def apply_linear(module: nn.Module, x: mx.array) -> mx.array:
+    """`module(x)` for a linear layer; `module.as_linear(x)` for a (tied) embedding."""
+    if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):
+        return module.as_linear(x)
+    return module(x)
+
+
+def apply_pair(first: nn.Module, second: nn.Module, x: mx.array) -> tuple:
+    """(first(x), second(x)): two linear layers on the same input."""
+    return apply_linear(first, x), apply_linear(second, x)
+
+
 @dataclass(frozen=True)
 class Kernels:
     name: str
@@ -47,7 +54,7 @@ class Kernels:
     # (q, k, v, scale, mask) as for mx.fast.scaled_dot_product_attention; the mask
     # may also be a WindowMask
     attention: Callable[..., mx.array]
-    # target blocks on cpu_blocks.py, qwen3_5 recurrent mixers on cpu_delta.py
+    # target blocks on cpu/blocks.py, qwen3_5 recurrent mixers on cpu/delta.py
     cpu_blocks: bool
     # (linear layer or tied embedding, x): the target's MLP projections and LM head
     linear: Callable[[nn.Module, mx.array], mx.array] = apply_linear
@@ -59,8 +66,15 @@ class Kernels:
     norm: Callable[[nn.Module, mx.array], mx.array] = lambda module, x: module(x)
     # `linear` and `fused_gate` take float16/bfloat16 weights with float32 inputs
     half_weights: bool = False
-    # ((B, L, H, D) x, cpu_ops.rope_table) -> rotated (B, H, L, D): the CPU blocks'
+    # ((B, L, H, D) x, a `rope_table`) -> rotated (B, H, L, D): the CPU blocks'
     rope: Callable[[mx.array, tuple], mx.array] | None = None
+    # (dims, base, scale, offset, length) -> the rotary table `rope` takes
+    rope_table: Callable[[int, float, float, int, int], tuple] | None = None
+    # (model_type, layers, kernels) -> stand-ins for the target's decoder blocks, or
+    # None where the family has none (cpu/blocks.py)
+    blocks: Callable[[str, list, "Kernels"], list | None] | None = None
+    # (GatedDeltaNet mixer) -> its forward for many tokens (cpu/delta.py)
+    delta_forward: Callable[[nn.Module], Callable] | None = None
 
     def gated(self, gate: nn.Module, up: nn.Module, x: mx.array) -> mx.array:
         """silu(gate(x)) * up(x): a SwiGLU MLP's first half."""
@@ -84,35 +98,36 @@ MLX = Kernels(
 )
 
 
-def for_device(device: mx.Device | None = None) -> Kernels:
-    """The kernels for `device` (default: MLX's default device)."""
-    from . import cpu_ops
+def shared_rope(layers) -> tuple | None:
+    """(dims, base, scale) when every layer rotates its whole heads with the same plain
+    `nn.RoPE`, so one rotary table per forward serves them all; else None."""
+    params = set()
+    for layer in layers:
+        attn = layer.self_attn
+        rope, head_dim = attn.rope, attn.q_proj.weight.shape[0] // attn.n_heads
+        if not isinstance(rope, nn.RoPE) or rope.traditional or rope.dims != head_dim:
+            return None
+        params.add((rope.dims, rope.base, rope.scale))
+    return params.pop() if len(params) == 1 else None
 
-    device = device or mx.default_device()
-    if device == mx.cpu and cpu_ops.available():
-        from . import native
 
-        chosen = Kernels(
-            name="cpu_ops",
-            swiglu=cpu_ops.swiglu,
-            softmax=cpu_ops.softmax,
-            attention=cpu_ops.attention,
-            cpu_blocks=True,
-            rope=cpu_ops.rope_heads,
-        )
-        if native.load() is not None:
-            from .native import ops
+class ForwardTables:
+    """The rotary table of the forward in progress, built once for all layers (keyed
+    by position offset and length, so any cache may ask) with the kernels'
+    `rope_table`."""
 
-            return replace(
-                chosen,
-                attention=ops.attention,
-                linear=ops.linear,
-                fused_gate=ops.gated,
-                norm=ops.norm,
-                half_weights=True,
-                rope=ops.rope,
-            )
-        if small_kernels():
-            return replace(chosen, linear=blocked_linear, linear_pair=blocked_pair)
-        return chosen
-    return MLX
+    def __init__(
+        self, rope: tuple[int, float, float] | None, make_table: Callable | None
+    ):
+        self.rope = rope
+        self.make_table = make_table
+        self._key: tuple | None = None
+        self._table = None
+
+    def get(self, offset: int, length: int):
+        make = self.make_table
+        if self.rope is not None and make is not None and (offset, length) != self._key:
+            dims, base, scale = self.rope
+            self._table = make(dims, base, scale, offset, length)
+            self._key = (offset, length)
+        return self._table

@@ -87,7 +87,7 @@ def measure(engines, tok, args):
 
 def main():
     args = parse_args()
-    from dflash_mlx.blas import blas_in_use
+    from dflash_mlx.cpu.blas import blas_in_use
 
     with tempfile.TemporaryDirectory() as tmp:
         model_path, draft_path = args.model, args.draft

@@ -14,8 +14,9 @@ The default drafter's file goes into the package folder, beside its weights.
 import argparse
 from pathlib import Path
 
-from dflash_mlx.acceptance import measure_acceptance, write_acceptance
-from dflash_mlx.defaults import DRAFT_NAME, DRAFTERS_DIR
+from dflash_mlx.loading.defaults import DRAFT_NAME, DRAFTERS_DIR
+from dflash_mlx.models.acceptance import write_acceptance
+from dflash_mlx.train.loop import measure_acceptance
 
 
 def main():

@@ -6,8 +6,8 @@ writes dflash_mlx/drafters/smollm2-135m-instruct/{config.json, README.md,
 model.safetensors.gz} and, when the drafter has them, draft_vocab.json and
 acceptance.json (a draft vocabulary still stored as a tensor in an older export moves
 to draft_vocab.json, so the reference `dflash` loads the weights too).
-`dflash_mlx.defaults.default_draft()` unpacks it once into the user cache; on a CPU the
-weights run in float32 again (see loading.load_draft).
+`dflash_mlx.loading.defaults.default_draft()` unpacks it once into the user cache; on a
+CPU the weights run in float32 again (see loading.drafters.load_draft).
 """
 
 import argparse
@@ -18,9 +18,9 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from dflash_mlx.acceptance import ACCEPTANCE_FILE
-from dflash_mlx.defaults import DRAFT_NAME, DRAFTERS_DIR
-from dflash_mlx.draft_head import DRAFT_VOCAB_FILE, write_draft_vocab
+from dflash_mlx.loading.defaults import DRAFT_NAME, DRAFTERS_DIR
+from dflash_mlx.models.acceptance import ACCEPTANCE_FILE
+from dflash_mlx.models.draft_head import DRAFT_VOCAB_FILE, write_draft_vocab
 
 SIDE_FILES = ("README.md", DRAFT_VOCAB_FILE, ACCEPTANCE_FILE)
 

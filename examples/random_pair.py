@@ -96,7 +96,7 @@ def make_target(path: Path, family: str, hidden: int, layers: int, **overrides) 
 
 def make_draft(path: Path, target: Path, layers: int = 2, block_size: int = 16, **kw):
     """A random DFlash drafter that fits the target at `target`."""
-    from dflash_mlx.draft import Model, ModelArgs, default_target_layer_ids
+    from dflash_mlx.models.draft import Model, ModelArgs, default_target_layer_ids
 
     tcfg = json.loads((target / "config.json").read_text())
     n_target = tcfg["num_hidden_layers"]

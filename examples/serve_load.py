@@ -46,8 +46,8 @@ def mlx_lm_folder(model_ref: str) -> str:
     from mlx_lm.utils import save_config, save_model
 
     from dflash_mlx import load
-    from dflash_mlx.gguf_arch import model_config
-    from dflash_mlx.gguf_file import read_header
+    from dflash_mlx.gguf.arch import model_config
+    from dflash_mlx.gguf.file import read_header
 
     cache = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
     out = cache / "dflash-mlx" / "mlx-export" / Path(model_ref).stem
@@ -64,7 +64,7 @@ def mlx_lm_folder(model_ref: str) -> str:
 
 def fast_blas_env() -> dict:
     """The environment with OpenBLAS preloaded where installed (as dflash-mlx does)."""
-    from dflash_mlx.blas import find_openblas
+    from dflash_mlx.cpu.blas import find_openblas
 
     env = dict(os.environ)
     lib = find_openblas()
@@ -218,7 +218,7 @@ def print_table(rows):
 def main():
     args = parse_args()
     from dflash_mlx.datasets import load_dataset
-    from dflash_mlx.resolve import resolve_models
+    from dflash_mlx.loading.resolve import resolve_models
 
     target, draft, _ = resolve_models(args.model, args.draft)
     counts = [int(c) for c in args.clients.split(",")]

@@ -21,7 +21,7 @@
 # stopped rising while the training loss still fell).
 set -euo pipefail
 OUT=${OUT:-runs/smollm2-dflash}
-TARGET=${TARGET:-$(python -c 'from dflash_mlx.defaults import default_target; print(default_target())')}
+TARGET=${TARGET:-$(python -c 'from dflash_mlx.loading.defaults import default_target; print(default_target())')}
 # Linux: the fast BLAS (see docs/linux-blas-doctor.md); harmless if absent.
 OPENBLAS=/usr/lib/x86_64-linux-gnu/openblas-pthread/libopenblas.so.0
 if [ -f "$OPENBLAS" ]; then export LD_PRELOAD="$OPENBLAS${LD_PRELOAD:+:$LD_PRELOAD}"; fi

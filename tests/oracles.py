@@ -6,7 +6,7 @@ corrupted at chosen offsets), reading the block's absolute position from the cac
 
 import mlx.core as mx
 
-from dflash_mlx.draft import Model
+from dflash_mlx.models.draft import Model
 
 
 class OracleDraft(Model):

@@ -5,8 +5,8 @@ import time
 
 from oracles import OracleDraft
 
-from dflash_mlx.draft import Model
 from dflash_mlx.generate import stream_generate
+from dflash_mlx.models.draft import Model
 from dflash_mlx.serve.app import create_app
 from dflash_mlx.serve.config import ServeConfig
 from dflash_mlx.serve.server import listen, make_server

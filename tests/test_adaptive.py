@@ -6,7 +6,7 @@ import pytest
 from lossless import long_prompt, plain, spec
 from oracles import OracleDraft
 
-from dflash_mlx.adaptive import (
+from dflash_mlx.engine.policy import (
     EXPLORE_BLOCKS,
     MAX_EXPLORE_GAP,
     AdaptiveBlockSize,
@@ -186,7 +186,7 @@ def test_cut_blocks_are_lossless(tiny_pair, family):
 def test_a_pause_counts_as_a_slower_block_not_as_a_new_cost():
     """One block slowed by the process pausing (a page fault, another program) moves
     the size's time estimate by at most TIME_OUTLIER x the smoothing."""
-    from dflash_mlx.adaptive import TIME_OUTLIER
+    from dflash_mlx.engine.policy import TIME_OUTLIER
 
     p = AdaptiveBlockSize(8)
     p.observe(2, 1, 0.040, verified=2, verify_seconds=0.035)

@@ -7,8 +7,8 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-from dflash_mlx import blas
 from dflash_mlx.cli.main import app
+from dflash_mlx.cpu import blas
 
 # the module (the package exports its `environment` function under the same name)
 environment = importlib.import_module("dflash_mlx.bench.environment")
@@ -150,11 +150,12 @@ def test_doctor_json():
     if (
         report["backend"] == "CPU"
     ):  # fused when MLX can compile here, else a fix says how
-        from dflash_mlx import cpu_ops
+        from dflash_mlx.cpu import ops as cpu_ops
 
         assert report["cpu_kernels"].startswith("fused") == cpu_ops.available()
         assert cpu_ops.available() or any("C++ compiler" in f for f in report["fixes"])
-        from dflash_mlx import cpu_gemm, native
+        from dflash_mlx.cpu import gemm as cpu_gemm
+        from dflash_mlx.cpu import native
 
         blocked = report["small_products"].startswith("row blocks")
         built = report["small_products"].startswith("native (")

@@ -1,15 +1,14 @@
 """The load-time warm-up times every block size for the adaptive policy (calibrate.py):
 a fresh chat or `generate` starts with every size timed, no exploration."""
 
-import importlib
 import json
 
 import pytest
 
 from dflash_mlx import load, load_draft
-from dflash_mlx.acceptance import Acceptance
-from dflash_mlx.adaptive import AdaptiveBlockSize
-from dflash_mlx.calibrate import _adopt, _Schedule, calibrate
+from dflash_mlx.engine.calibrate import _adopt, _Schedule, calibrate
+from dflash_mlx.engine.policy import AdaptiveBlockSize
+from dflash_mlx.models.acceptance import Acceptance
 
 
 @pytest.fixture(scope="module")
@@ -70,9 +69,7 @@ def test_a_stop_token_early_retries_what_is_left(pair, monkeypatch):
             block_size.observe(size, 0, 0.1 * size, verified=size, verify_seconds=0.05)
             yield None
 
-    # the module (the package's `generate` attribute is the function of that name)
-    engine = importlib.import_module("dflash_mlx.generate")
-    monkeypatch.setattr(engine, "stream_generate", stopping)
+    monkeypatch.setattr(module, "_generate", stopping)
     policy = module.calibrate(model, draft, tok)
     assert runs == [[8, 8, 4, 4, 2, 2, 1, 1], [4, 4, 2, 2, 1, 1], [2, 2, 1, 1]]
     assert sorted(policy.seconds) == [2, 4, 8]  # size 1 left for the policy to time
@@ -109,8 +106,7 @@ def test_timings_are_kept_for_the_next_process(pair, tmp_path, monkeypatch):
         runs.append((draft, block_size, max_tokens))
         yield None
 
-    engine = importlib.import_module("dflash_mlx.generate")
-    monkeypatch.setattr(engine, "stream_generate", recording)
+    monkeypatch.setattr(module, "_generate", recording)
     second = module.calibrate(model, draft, tok, timings=path)
     assert second.seconds == first.seconds
     assert second.verify_seconds == first.verify_seconds
@@ -153,7 +149,7 @@ def test_an_unwritable_timings_folder_only_costs_the_calibration(pair, tmp_path)
 
 
 def test_the_timings_file_is_keyed_by_pair_and_machine(tmp_path):
-    from dflash_mlx.calibrate import timings_file
+    from dflash_mlx.engine.calibrate import timings_file
 
     a = timings_file(tmp_path, "target-a", "draft-a")
     assert a == timings_file(tmp_path, "target-a", "draft-a")

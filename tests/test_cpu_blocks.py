@@ -6,8 +6,9 @@ import tiny
 from mlx_lm.models.cache import make_prompt_cache
 from numerics import assert_close
 
-from dflash_mlx import Target, cpu_ops, kernels, load
-from dflash_mlx.cpu_blocks import FAMILIES
+from dflash_mlx import Target, backend, load
+from dflash_mlx.cpu import ops as cpu_ops
+from dflash_mlx.cpu.blocks import FAMILIES
 
 pytestmark = pytest.mark.skipif(
     not cpu_ops.available(), reason="MLX cannot compile CPU kernels here"
@@ -25,7 +26,7 @@ def test_cpu_blocks_equal_mlx_lm_forward(models_dir, family, kv_bits, block):
         # head_dim 32: quantized KV caches need a multiple of the group size
         tiny.make_target(path, family, hidden_size=128, head_dim=32)
     model, _ = load(str(path))
-    target = Target(model, kernels=kernels.for_device(mx.cpu))
+    target = Target(model, kernels=backend.for_device(mx.cpu))
     assert target.cpu_blocks
     ours, theirs = target.make_cache(), make_prompt_cache(model)
     if kv_bits:  # mlx-lm's quantized KV cache: the CPU block hands it to mlx-lm

@@ -8,7 +8,9 @@ from mlx_lm.models.cache import ArraysCache, make_prompt_cache
 from mlx_lm.models.gated_delta import gated_delta_ops
 from numerics import assert_close, error_ratio
 
-from dflash_mlx import Target, cpu_delta, cpu_ops, kernels, load
+from dflash_mlx import Target, backend, load
+from dflash_mlx.cpu import delta as cpu_delta
+from dflash_mlx.cpu import ops as cpu_ops
 
 pytestmark = pytest.mark.skipif(
     not cpu_ops.available(), reason="MLX cannot compile CPU kernels here"
@@ -61,7 +63,7 @@ def test_the_target_on_cpu_delta_equals_mlx_lm_forward(models_dir, block):
     the same recurrent state, conv window included. (Rollback through it:
     tests/test_target.py, whose targets run on the CPU kernels.)"""
     model = _qwen3_5(models_dir)
-    target = Target(model, kernels=kernels.for_device(mx.cpu))
+    target = Target(model, kernels=backend.for_device(mx.cpu))
     ours, theirs = target.make_cache(), make_prompt_cache(model)
     target(PROMPT, ours)
     model(PROMPT, cache=theirs)

@@ -1,4 +1,4 @@
-"""cpu_gemm: row-blocked 1-3 token products equal the whole ones, on any CPU."""
+"""cpu/gemm.py: row-blocked 1-3 token products equal the whole ones, on any CPU."""
 
 import dataclasses
 
@@ -8,19 +8,21 @@ import pytest
 import tiny
 from numerics import assert_target_matches_mlx_lm
 
-from dflash_mlx import Target, cpu_gemm, cpu_ops, kernels, load, native
-from dflash_mlx.cpu_gemm import (
+from dflash_mlx import Target, backend, kernels, load
+from dflash_mlx.cpu import gemm as cpu_gemm
+from dflash_mlx.cpu import native
+from dflash_mlx.cpu import ops as cpu_ops
+from dflash_mlx.cpu.gemm import (
     MAX_TOKENS,
     PRODUCT_LIMIT,
     SPLIT_BLOCKS,
     VOLUME_LIMIT,
-    apply_linear,
-    apply_pair,
     block_rows,
     blocked_linear,
     blocked_pair,
     has_small_kernels,
 )
+from dflash_mlx.kernels import apply_linear, apply_pair
 
 SKYLAKE_CONFIG = (
     "OpenBLAS 0.3.21 NO_LAPACKE DYNAMIC_ARCH NO_AFFINITY SkylakeX MAX_THREADS=64"
@@ -140,9 +142,9 @@ def test_has_small_kernels(corename, config, expected):
 
 @pytest.mark.skipif(not cpu_ops.available(), reason="MLX cannot compile CPU kernels")
 def test_cpu_kernels_block_products_only_without_native_on_small_kernel_openblas():
-    chosen = kernels.for_device(mx.cpu)
+    chosen = backend.for_device(mx.cpu)
     if native.load() is not None:  # tests/test_native.py: the native kernels win
-        from dflash_mlx.native import ops
+        from dflash_mlx.cpu.native import ops
 
         assert chosen.linear is ops.linear
     else:
@@ -162,7 +164,7 @@ def test_target_with_blocked_products_equals_mlx_lm(models_dir, family):
         tiny.make_target(path, family, vocab_size=6000, intermediate_size=1300)
     model, _ = load(str(path))
     blocked = dataclasses.replace(
-        kernels.for_device(mx.cpu), linear=blocked_linear, linear_pair=blocked_pair
+        backend.for_device(mx.cpu), linear=blocked_linear, linear_pair=blocked_pair
     )
     target = Target(model, kernels=blocked)
     assert target.cpu_blocks

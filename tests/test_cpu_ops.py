@@ -6,12 +6,13 @@ import numpy as np
 import pytest
 import tiny
 
-from dflash_mlx import Target, cpu_ops, kernels, load
+from dflash_mlx import Target, backend, kernels, load
+from dflash_mlx.cpu import ops as cpu_ops
 
 pytestmark = pytest.mark.skipif(
     not cpu_ops.available(), reason="MLX cannot compile CPU kernels here"
 )
-CPU = kernels.for_device(mx.cpu)
+CPU = backend.for_device(mx.cpu)
 
 
 # eager, and fused as the kernels run it: a compiler that folded the rounding trick's
@@ -88,7 +89,7 @@ def test_without_a_compiler_everything_is_mlx_own(models_dir, monkeypatch):
         tiny.make_target(path, "llama")
     model, _ = load(str(path))
     monkeypatch.setattr(cpu_ops, "available", lambda: False)
-    assert kernels.for_device(mx.cpu) is kernels.MLX
+    assert backend.for_device(mx.cpu) is kernels.MLX
     target = Target(model)
     assert target.kernels is kernels.MLX
     assert not target.cpu_blocks

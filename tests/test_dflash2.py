@@ -9,7 +9,7 @@ from numerics import assert_close
 from reference_drafter import reference_draft
 
 from dflash_mlx import SamplingParams, Target, load, load_draft, stream_generate
-from dflash_mlx.dflash2 import Model as DFlash2
+from dflash_mlx.models.dflash2 import Model as DFlash2
 
 ref = pytest.importorskip("dflash.model_mlx")
 

@@ -10,7 +10,7 @@ import tiny
 from typer.testing import CliRunner
 
 from dflash_mlx.cli.main import app
-from dflash_mlx.defaults import default_target
+from dflash_mlx.loading.defaults import default_target
 
 
 @pytest.fixture(autouse=True)

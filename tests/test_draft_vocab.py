@@ -12,9 +12,9 @@ from mlx.utils import tree_flatten, tree_map
 from numerics import assert_close
 
 from dflash_mlx import SamplingParams, load, load_draft, stream_generate
-from dflash_mlx.draft import Model
-from dflash_mlx.draft_head import DraftHead, select_draft_vocab
-from dflash_mlx.target import Target
+from dflash_mlx.models.draft import Model
+from dflash_mlx.models.draft_head import DraftHead, select_draft_vocab
+from dflash_mlx.models.target import Target
 from dflash_mlx.train.blocks import make_blocks
 from dflash_mlx.train.export import export_drafter, init_weights
 from dflash_mlx.train.packed import block_loss

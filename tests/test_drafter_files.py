@@ -14,8 +14,8 @@ from mlx.utils import tree_flatten
 from test_draft_vocab import with_vocab
 
 from dflash_mlx import load, load_draft
-from dflash_mlx.acceptance import Acceptance, read_acceptance, write_acceptance
 from dflash_mlx.loading import read_safetensors
+from dflash_mlx.models.acceptance import Acceptance, read_acceptance, write_acceptance
 from dflash_mlx.train.export import export_drafter, save_weights
 
 VOCAB = [1, 2, 3, 100, 150]

@@ -8,8 +8,8 @@ import tiny
 from lossless import long_prompt, oracle, plain, spec
 
 from dflash_mlx import load, load_draft
-from dflash_mlx.registry import DRAFTERS
-from dflash_mlx.target import SUPPORTED_MODEL_TYPES
+from dflash_mlx.loading.registry import DRAFTERS
+from dflash_mlx.models.target import SUPPORTED_MODEL_TYPES
 
 FAMILIES = list(tiny.FAMILIES)
 

@@ -176,9 +176,9 @@ def test_plain_steps_end_with_nothing_left_in_flight(loaded, family):
     """Plain steps ending on a stop token, on the budget or by an early close leave
     the caches holding exactly the committed tokens, and a next turn matches a fresh
     run."""
-    from dflash_mlx.engine import generate_blocks
-    from dflash_mlx.target import Target
-    from dflash_mlx.verify import SamplingParams
+    from dflash_mlx.engine.loop import generate_blocks
+    from dflash_mlx.models.target import Target
+    from dflash_mlx.sampling import SamplingParams
 
     model, tok, draft = loaded(family)
     prompt = long_prompt(model, tok)
@@ -236,9 +236,9 @@ def test_plain_blocks_leave_the_drafter_idle_until_it_drafts(loaded):
     """The drafter takes in the features of plain blocks at its next draft, in one
     forward (at most MAX_UNABSORBED blocks behind), and ends holding what one prefill
     of the same tokens gives it."""
-    from dflash_mlx.engine import MAX_UNABSORBED, generate_blocks
-    from dflash_mlx.target import Target
-    from dflash_mlx.verify import SamplingParams
+    from dflash_mlx.engine.loop import MAX_UNABSORBED, generate_blocks
+    from dflash_mlx.models.target import Target
+    from dflash_mlx.sampling import SamplingParams
 
     model, tok, draft = loaded("qwen3")
     prompt = long_prompt(model, tok)

@@ -15,7 +15,7 @@ from numerics import assert_close
 
 from dflash_mlx import Target, load_draft, stream_generate
 from dflash_mlx.gguf import REFUSED, load_gguf, unpermute_rows
-from dflash_mlx.gguf_file import read_header
+from dflash_mlx.gguf.file import read_header
 
 PROMPT = [5, 40, 77, 3, 120, 9]
 # K-quants need rows that are a multiple of 256 values.
@@ -316,7 +316,7 @@ def test_real_smollm2_gguf():
 def test_header_scan_and_gguf_dequantize_match_mx_load_on_real_smollm2():
     # A file llama.cpp wrote: the header scan, memory-mapped offsets and gguf's
     # dequantization against MLX's own GGUF reader, tensor by tensor.
-    from dflash_mlx.gguf_file import to_numpy
+    from dflash_mlx.gguf.file import to_numpy
 
     header = read_header(_smollm2())
     loaded = mx.load(str(header.path))

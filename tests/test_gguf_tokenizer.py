@@ -15,9 +15,9 @@ import gguf_writer
 import pytest
 import tiny
 
-from dflash_mlx.defaults import default_target
-from dflash_mlx.gguf_file import read_header
-from dflash_mlx.gguf_tokenizer import build_tokenizer
+from dflash_mlx.gguf.file import read_header
+from dflash_mlx.gguf.tokenizer import build_tokenizer
+from dflash_mlx.loading.defaults import default_target
 
 DATA = Path(__file__).parent.parent / "dflash_mlx" / "data"
 EXTRA = [

@@ -6,7 +6,7 @@ import pytest
 from mlx.utils import tree_flatten
 
 from dflash_mlx import load_draft
-from dflash_mlx.draft import Model
+from dflash_mlx.models.draft import Model
 from dflash_mlx.train.export import init_weights
 
 

@@ -84,9 +84,9 @@ def test_stream_generate_refuses(pair, case):
 
 
 def test_generate_blocks_checks_the_same_inputs(pair):
-    from dflash_mlx.engine import generate_blocks
-    from dflash_mlx.target import Target
-    from dflash_mlx.verify import SamplingParams
+    from dflash_mlx.engine.loop import generate_blocks
+    from dflash_mlx.models.target import Target
+    from dflash_mlx.sampling import SamplingParams
 
     model, _, draft = pair
     target = Target(model, draft.args.target_layer_ids)

@@ -18,11 +18,12 @@ import pytest
 import tiny
 from numerics import assert_target_matches_mlx_lm
 
-from dflash_mlx import Target, cpu_ops, kernels, load, native
-from dflash_mlx.cpu_gemm import apply_linear
-from dflash_mlx.draft import block_mask
-from dflash_mlx.kernels import WindowMask
-from dflash_mlx.native import ops
+from dflash_mlx import Target, backend, load
+from dflash_mlx.cpu import native
+from dflash_mlx.cpu import ops as cpu_ops
+from dflash_mlx.cpu.native import ops
+from dflash_mlx.kernels import MLX, WindowMask, apply_linear
+from dflash_mlx.models.draft import block_mask
 
 BUILDABLE = (
     sys.platform == "linux"
@@ -310,7 +311,7 @@ def test_linear_applies_to_dense_float32_layers_only(module):
 @pytest.mark.skipif(not cpu_ops.available(), reason="MLX cannot compile CPU kernels")
 @pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
 def test_the_cpu_kernels_use_it():
-    chosen = kernels.for_device(mx.cpu)
+    chosen = backend.for_device(mx.cpu)
     assert chosen.linear is ops.linear and chosen.attention is ops.attention
     assert chosen.fused_gate is ops.gated and chosen.norm is ops.norm
     assert chosen.rope is ops.rope and chosen.half_weights
@@ -327,7 +328,7 @@ def test_target_on_native_products_equals_mlx_lm(models_dir, family):
         tiny.make_target(path, family, vocab_size=6000, intermediate_size=1300)
     model, _ = load(str(path))
     chosen = dataclasses.replace(
-        kernels.for_device(mx.cpu),
+        backend.for_device(mx.cpu),
         linear=ops.linear,
         attention=ops.attention,
         fused_gate=ops.gated,
@@ -350,7 +351,7 @@ def test_a_verify_block_equals_plain_steps_bit_for_bit(models_dir, family):
     if not path.exists():
         tiny.make_target(path, family, vocab_size=6000, intermediate_size=1300)
     model, _ = load(str(path))
-    target = Target(model, (0, 1), kernels.for_device(mx.cpu))
+    target = Target(model, (0, 1), backend.for_device(mx.cpu))
     prompt = mx.array([[5, 17, 99, 3, 42, 42, 7]])
     block = mx.array([[11, 250, 3, 3, 98, 7, 1, 64]])
     blocked, stepped = target.make_cache(), target.make_cache()
@@ -394,19 +395,19 @@ def test_a_half_precision_drafter_keeps_its_projections_half(tiny_pair):
     read them as stored), its norms and activations float32: it drafts what its
     float32 copy drafts."""
     from dflash_mlx import load_draft
-    from dflash_mlx.cache import PromptCache
-    from dflash_mlx.draft_head import DraftHead
-    from dflash_mlx.engine import _draft, as_target
-    from dflash_mlx.verify import SamplingParams
+    from dflash_mlx.engine.loop import _draft, as_target
+    from dflash_mlx.models.cache import PromptCache
+    from dflash_mlx.models.draft_head import DraftHead
+    from dflash_mlx.sampling import SamplingParams
 
     target_dir, draft_dir = tiny_pair("qwen3")
     model, _ = load(str(target_dir))
     half = load_draft(str(draft_dir))
     assert all(layer.weight.dtype == mx.float32 for layer in half.projections())
     half.set_dtype(mx.float16)  # as a float16 checkpoint loads
-    from dflash_mlx.loading import _drafter_dtype
+    from dflash_mlx.loading.drafters import _drafter_dtype
 
-    _drafter_dtype(half, kernels.for_device(mx.cpu))
+    _drafter_dtype(half, backend.for_device(mx.cpu))
     wide = load_draft(str(draft_dir))
     wide.update(half.parameters())  # the same values, then widened
     wide.set_dtype(mx.float32)
@@ -456,11 +457,11 @@ def test_an_unwritable_cache_keeps_mlx_ops_and_says_why(tmp_path, monkeypatch):
 
 def test_the_wheel_carries_every_source_the_build_reads():
     """An installed (non-editable) package builds from its package data alone."""
-    pyproject = (Path(native.__file__).parents[2] / "pyproject.toml").read_text()
+    pyproject = (Path(native.__file__).parents[3] / "pyproject.toml").read_text()
     table = pyproject.split("[tool.setuptools.package-data]", 1)[1]
     globs = ast.literal_eval(re.search(r"dflash_mlx = (\[.*?\])", table).group(1))
     for source in (*native.FOLDER.glob("*.cpp"), *native.FOLDER.glob("*.h")):
-        name = f"native/{source.name}"
+        name = f"cpu/native/{source.name}"
         assert any(fnmatch.fnmatch(name, g) for g in globs), name
 
 
@@ -518,8 +519,8 @@ def test_a_drafter_past_its_window_drafts_as_on_mlx_ops(tiny_pair):
     """Rotary tables and the window's two numbers (no mask array) give the hidden
     states MLX's own rope and masked attention give, with context past the window."""
     from dflash_mlx import load_draft
-    from dflash_mlx.cache import PromptCache
-    from dflash_mlx.engine import as_target
+    from dflash_mlx.engine.loop import as_target
+    from dflash_mlx.models.cache import PromptCache
 
     target_dir, draft_dir = tiny_pair(
         "qwen3", layer_types=("sliding_attention", "full_attention"), sliding_window=6
@@ -530,7 +531,7 @@ def test_a_drafter_past_its_window_drafts_as_on_mlx_ops(tiny_pair):
     target = as_target(model, drafter)
     block = mx.array([[5] + [drafter.args.mask_token_id] * 7])
     hidden = []
-    for chosen in (drafter.kernels, kernels.MLX):
+    for chosen in (drafter.kernels, MLX):
         drafter.use_kernels(chosen)
         cache = PromptCache(target, drafter)
         _, features = target(mx.array([list(range(3, 23))]), cache.target)

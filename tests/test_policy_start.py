@@ -10,8 +10,8 @@ import random
 
 import pytest
 
-from dflash_mlx.acceptance import Acceptance
-from dflash_mlx.adaptive import MEMORY_BLOCKS, PRIOR_BLOCKS, AdaptiveBlockSize
+from dflash_mlx.engine.policy import MEMORY_BLOCKS, PRIOR_BLOCKS, AdaptiveBlockSize
+from dflash_mlx.models.acceptance import Acceptance
 
 # The demo pair on this CPU: verifying T tokens costs V[T] seconds (a plain step is
 # V[1]); drafting a block adds DRAFT + SYNC (the cut's second sync).

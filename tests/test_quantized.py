@@ -8,7 +8,7 @@ from lossless import long_prompt, plain, spec
 from oracles import OracleDraft
 
 from dflash_mlx import load, load_draft
-from dflash_mlx.draft import WindowedKVCache
+from dflash_mlx.models.cache import WindowedKVCache
 
 
 @pytest.mark.parametrize(

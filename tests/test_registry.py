@@ -1,6 +1,6 @@
 import pytest
 
-from dflash_mlx.registry import base_name, drafter_for
+from dflash_mlx.loading.registry import base_name, drafter_for
 
 
 @pytest.mark.parametrize(

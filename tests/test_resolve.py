@@ -5,13 +5,13 @@ import types
 
 import pytest
 
-from dflash_mlx.resolve import context_length, resolve_models
+from dflash_mlx.loading.resolve import context_length, resolve_models
 
 
 def test_resolve_models_with_registry(monkeypatch):
-    reg = types.ModuleType("dflash_mlx.registry")
+    reg = types.ModuleType("dflash_mlx.loading.registry")
     reg.drafter_for = lambda target: {"org/T": "org/T-DFlash"}.get(target)
-    monkeypatch.setitem(sys.modules, "dflash_mlx.registry", reg)
+    monkeypatch.setitem(sys.modules, "dflash_mlx.loading.registry", reg)
     assert resolve_models("org/T", None) == ("org/T", "org/T-DFlash", None)
     assert resolve_models("org/T", "my/draft") == ("org/T", "my/draft", None)
     assert resolve_models("org/U", None) == (
@@ -23,15 +23,16 @@ def test_resolve_models_with_registry(monkeypatch):
 
 
 def test_resolve_models_default(monkeypatch):
-    monkeypatch.setitem(sys.modules, "dflash_mlx.defaults", None)  # not built yet
+    # not built yet
+    monkeypatch.setitem(sys.modules, "dflash_mlx.loading.defaults", None)
     with pytest.raises(ValueError, match="--model"):
         resolve_models(None, None)
-    fake = types.ModuleType("dflash_mlx.defaults")
+    fake = types.ModuleType("dflash_mlx.loading.defaults")
     fake.default_target, fake.default_draft = (
         (lambda: "org/Default"),
         (lambda: "org/Default-D"),
     )
-    monkeypatch.setitem(sys.modules, "dflash_mlx.defaults", fake)
+    monkeypatch.setitem(sys.modules, "dflash_mlx.loading.defaults", fake)
     assert resolve_models(None, None) == ("org/Default", "org/Default-D", None)
 
 

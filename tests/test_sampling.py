@@ -6,7 +6,7 @@ import pytest
 from chisquare import chi2, chi2_critical
 
 from dflash_mlx import SamplingParams, load, load_draft, stream_generate
-from dflash_mlx.draft import Model
+from dflash_mlx.models.draft import Model
 
 
 class CloseDraft(Model):

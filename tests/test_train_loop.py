@@ -10,8 +10,8 @@ from mlx.utils import tree_flatten
 from typer.testing import CliRunner
 
 from dflash_mlx import Target, load, load_draft
-from dflash_mlx.draft import ModelArgs
 from dflash_mlx.loading import read_safetensors
+from dflash_mlx.models.draft import ModelArgs
 from dflash_mlx.train.blocks import make_blocks
 from dflash_mlx.train.data import Prompt, read_samples, regenerate, samples_for_training
 from dflash_mlx.train.export import export_drafter, new_drafter, new_drafter_args

@@ -5,7 +5,8 @@ import numpy as np
 import pytest
 from chisquare import chi2, chi2_critical
 
-from dflash_mlx.verify import SamplingParams, accept_greedy, accept_sampled
+from dflash_mlx.engine.verify import accept_greedy, accept_sampled
+from dflash_mlx.sampling import SamplingParams
 
 
 def test_greedy_prefix():

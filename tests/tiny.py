@@ -286,7 +286,7 @@ def make_draft(
     **overrides,
 ) -> Path:
     """Write a tiny random DFlash drafter for the target at `target_path`."""
-    from dflash_mlx.draft import Model, ModelArgs, default_target_layer_ids
+    from dflash_mlx.models.draft import Model, ModelArgs, default_target_layer_ids
 
     tcfg = json.loads((target_path / "config.json").read_text())
     n_target = tcfg["num_hidden_layers"]
@@ -309,7 +309,7 @@ def make_draft(
     margs = ModelArgs(**args)
     mx.random.seed(seed)
     if margs.architecture == "DFlash2DraftModel":
-        from dflash_mlx.dflash2 import Model as Model2
+        from dflash_mlx.models.dflash2 import Model as Model2
 
         model = Model2(margs)
         kernels = {

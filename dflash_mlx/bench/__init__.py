@@ -4,7 +4,8 @@ renders.
 
 engines.py (what is compared) · measure.py (timing every prompt turn) · summary.py
 (rows, JSON report, running tally) · environment.py (machine, BLAS, versions) ·
-plot.py (the PNG).
+plot.py (the PNG). May import anything of the library below the commands (the text
+API, loading, the engine, models, base modules); never chat/, serve/, train/ or cli/.
 """
 
 from .engines import (

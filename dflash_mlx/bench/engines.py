@@ -28,9 +28,9 @@ def dflash_engine(
     model, draft, tokenizer, temperature=0.0, top_p=1.0, top_k=0
 ) -> Engine:
     """This package's `stream_generate`."""
-    from ..adaptive import AdaptiveBlockSize
+    from ..engine.policy import AdaptiveBlockSize
     from ..generate import stream_generate
-    from ..target import Target
+    from ..models.target import Target
 
     target = Target(model, draft.args.target_layer_ids)
     auto = AdaptiveBlockSize.for_drafter(draft)  # learns across prompts, as a chat
@@ -76,8 +76,8 @@ def _reference_drafter(ref, draft_dir):
     import json
     from pathlib import Path
 
-    from ..draft import ModelArgs
     from ..loading import read_safetensors
+    from ..models.draft import ModelArgs
 
     args = ModelArgs.from_config(
         json.loads((Path(draft_dir) / "config.json").read_text())

@@ -2,55 +2,10 @@
 
 import mlx.core as mx
 
+from ..backend import cpu_name, detect_blas
+
 # the AVX-512 subsets that OpenBLAS's oldest AVX-512 kernels (SkylakeX) need
 AVX512_FLAGS = frozenset({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})
-
-
-def detect_blas() -> str:
-    """Which BLAS MLX's CPU backend runs on, e.g. 'OpenBLAS SkylakeX (/usr/lib/...)'."""
-    import sys
-
-    from ..blas import blas_in_use, openblas_core
-
-    if sys.platform == "darwin":
-        return "Accelerate/Metal"
-    info = blas_in_use()
-    name = info["name"]
-    if name.startswith("reference BLAS"):
-        label = "reference BLAS (slow)"
-    else:
-        label = name if info["fast"] else f"{name} (slow)"
-    core = openblas_core()  # its kernels set the speed (OPENBLAS_CORETYPE)
-    if core:
-        label += f" {core}"
-    return f"{label} ({info['path']})" if info["path"] else label
-
-
-def cpu_name() -> str:
-    """The CPU's model name, e.g. 'AMD EPYC 7B13' or 'Apple M3 Max'."""
-    import platform
-    import subprocess
-    import sys
-
-    if sys.platform.startswith("linux"):
-        try:
-            with open("/proc/cpuinfo") as f:
-                for line in f:
-                    if line.startswith("model name"):
-                        return line.split(":", 1)[1].strip()
-        except OSError:
-            pass
-    if sys.platform == "darwin":
-        try:
-            return subprocess.run(
-                ["sysctl", "-n", "machdep.cpu.brand_string"],
-                capture_output=True,
-                text=True,
-                timeout=5,
-            ).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            pass
-    return platform.processor() or platform.machine()
 
 
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from .. import conversation, validate
-from ..adaptive import AdaptiveBlockSize
+from ..engine.policy import AdaptiveBlockSize
 from ..generate import make_prompt_cache, stream_generate, wrap_tokenizer
-from ..resolve import context_length
+from ..loading.resolve import context_length
 from .commands import run_command
 from .stats import TurnStats, baseline_tps, totals
 from .transcript import save, transcript
@@ -31,7 +31,7 @@ class Settings:
 
     def __post_init__(self):
         """Refuse nonsense at once (the CLI checks its options here, before loading)."""
-        from ..verify import SamplingParams
+        from ..sampling import SamplingParams
 
         SamplingParams(self.temperature, self.top_p, self.top_k, self.min_p)
         validate.max_tokens(self.max_tokens)
@@ -69,7 +69,7 @@ class ChatSession:
         self.turns: list[TurnStats] = []
         self.cache = make_prompt_cache(model, draft)
         self._last: conversation.Exchange | None = None  # the last prompt + answer
-        # "auto"'s policy, e.g. calibrated by the CLI's warm-up (calibrate.py)
+        # "auto"'s policy, e.g. calibrated by the CLI's warm-up (engine/calibrate.py)
         self._adaptive: AdaptiveBlockSize | None = policy
 
     # -- prompts ----------------------------------------------------------------------

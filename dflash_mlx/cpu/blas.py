@@ -8,7 +8,7 @@ gives identical outputs. `ensure_fast_blas` re-executes the CLI once with it pre
 the library itself never does this.
 
 OpenBLAS picks its kernels for the CPU when it loads (OPENBLAS_CORETYPE overrides it).
-Which set it runs decides the speed, and whether cpu_gemm's small-matrix path exists, so
+Which set it runs decides the speed, and whether gemm.py's small-matrix path exists, so
 doctor and bench name it (`openblas_core`). It is never changed here: some machines set
 OPENBLAS_CORETYPE because older OpenBLAS builds compute wrong results or crash with the
 kernels they would pick themselves.

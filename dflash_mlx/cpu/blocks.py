@@ -1,4 +1,4 @@
-"""Standard decoder blocks (llama, qwen2, qwen3) computed with `cpu_ops`' kernels.
+"""Standard decoder blocks (llama, qwen2, qwen3) computed with the CPU's kernels.
 
 The one place that mirrors mlx-lm model code: `TransformerBlock.__call__` of mlx-lm's
 llama, qwen2 and qwen3 (pre-norm attention with optional q/k norms, then a SwiGLU MLP).
@@ -11,8 +11,7 @@ change in mlx-lm's block fails there. Quantized KV caches go to mlx-lm's own blo
 
 import mlx.nn as nn
 
-from . import cpu_ops
-from .kernels import Kernels
+from ..kernels import ForwardTables, Kernels, shared_rope
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -23,36 +22,6 @@ def is_standard_block(layer) -> bool:
     return all(hasattr(attn, a) for a in names) and all(
         hasattr(mlp, a) for a in ("gate_proj", "up_proj", "down_proj")
     )
-
-
-def shared_rope(layers) -> tuple | None:
-    """(dims, base, scale) when every layer rotates its whole heads with the same plain
-    `nn.RoPE`, so one `cpu_ops.rope_table` per forward serves them all; else None."""
-    params = set()
-    for layer in layers:
-        attn = layer.self_attn
-        rope, head_dim = attn.rope, attn.q_proj.weight.shape[0] // attn.n_heads
-        if not isinstance(rope, nn.RoPE) or rope.traditional or rope.dims != head_dim:
-            return None
-        params.add((rope.dims, rope.base, rope.scale))
-    return params.pop() if len(params) == 1 else None
-
-
-class ForwardTables:
-    """The rotary table of the forward in progress, built once for all layers (keyed
-    by position offset and length, so any cache may ask)."""
-
-    def __init__(self, rope: tuple[int, float, float] | None):
-        self.rope = rope
-        self._key: tuple | None = None
-        self._table = None
-
-    def get(self, offset: int, length: int):
-        if self.rope is not None and (offset, length) != self._key:
-            dims, base, scale = self.rope
-            self._table = cpu_ops.rope_table(dims, base, scale, offset, length)
-            self._key = (offset, length)
-        return self._table
 
 
 class CpuBlock:
@@ -98,5 +67,5 @@ def cpu_blocks(model_type: str, layers: list, kernels: Kernels) -> list | None:
     """CpuBlocks for every layer of a standard-family target; None unless all fit."""
     if model_type not in FAMILIES or not all(is_standard_block(la) for la in layers):
         return None
-    tables = ForwardTables(shared_rope(layers))
+    tables = ForwardTables(shared_rope(layers), kernels.rope_table)
     return [CpuBlock(layer, tables, kernels) for layer in layers]

@@ -17,7 +17,7 @@ relative (tests/test_cpu_delta.py).
 with its cache, q/k normalisation, recurrence, gated norm, output projection, the
 sharded all-sum) and calls the mixer's own submodules, so quantized and sharded layers
 and the target's projection taps keep working. Single tokens, padding masks and batched
-caches with per-row lengths go to mlx-lm's own code. Like cpu_blocks.py: CPU only.
+caches with per-row lengths go to mlx-lm's own code. Like cpu/blocks.py: CPU only.
 """
 
 from functools import partial

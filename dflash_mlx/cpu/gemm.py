@@ -17,7 +17,7 @@ through the same kernels: drafting a block of 2 costs 5.6 -> 4.4 ms (AMD EPYC Ze
 Cooperlake kernels).
 
 `small_kernels()` says whether the OpenBLAS this process calls has those kernels;
-`kernels.for_device` uses `blocked_linear` only then. The results equal the whole
+`cpu.kernels()` uses `blocked_linear` only then. The results equal the whole
 product's to float32 rounding (another summation order), as any two BLAS kernels do.
 """
 
@@ -26,6 +26,7 @@ from functools import cache
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..kernels import apply_linear, apply_pair
 from .blas import AVX512_CORES, openblas_core, openblas_string
 
 PRODUCT_LIMIT = 1200  # out_rows x tokens of OpenBLAS's small "tn" kernel
@@ -37,13 +38,6 @@ SPLIT_BLOCKS = 4  # products of this many blocks or more split across two stream
 # OpenBLAS cores whose kernels include the small-matrix ones: the AVX-512 ones
 SMALL_KERNEL_CORES = AVX512_CORES
 SMALL_KERNEL_VERSION = (0, 3, 16)
-
-
-def apply_linear(module: nn.Module, x: mx.array) -> mx.array:
-    """`module(x)` for a linear layer; `module.as_linear(x)` for a (tied) embedding."""
-    if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):
-        return module.as_linear(x)
-    return module(x)
 
 
 def _dense_weight(module: nn.Module) -> mx.array | None:
@@ -98,11 +92,6 @@ def blocked_linear(module: nn.Module, x: mx.array) -> mx.array:
     y = mx.concatenate(parts, axis=-1)
     bias = getattr(module, "bias", None) if type(module) is nn.Linear else None
     return y if bias is None else y + bias
-
-
-def apply_pair(first: nn.Module, second: nn.Module, x: mx.array) -> tuple:
-    """(first(x), second(x)): two linear layers on the same input."""
-    return apply_linear(first, x), apply_linear(second, x)
 
 
 def blocked_pair(first: nn.Module, second: nn.Module, x: mx.array) -> tuple:

@@ -7,7 +7,7 @@ Here `exp` is a polynomial of vectorizable ops fused by `mx.compile`: 2-3x faste
 within 1e-7 relative (MLX's own CPU exp: 4e-6). Rotary embeddings take one table per
 forward (`rope_table`) instead of MLX's per-call one.
 
-These are CPU kernels only: `kernels.for_device` picks them once, when a target or a
+These are CPU kernels only: `backend.for_device` picks them once, when a target or a
 drafter is built, and only on the CPU where MLX can compile them (`available()`); the
 Metal/CUDA path never reaches this module.
 """
@@ -17,7 +17,7 @@ from functools import cache
 import mlx.core as mx
 import numpy as np
 
-from .kernels import WindowMask
+from ..kernels import WindowMask
 
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.693145751953125  # ln 2 split in two so n * ln2 stays exact (Cody-Waite)

@@ -1,9 +1,10 @@
 """Timing every block size before the first answer: the load-time warm-up as a
 calibration of the adaptive policy.
 
-A throwaway greedy generation runs each size the policy can choose (largest first, each
-`repeats` times, every draft verified) and hands the policy what it measured: t(B) for
-each block size B (all drafts verified) and v(T) for each verify size T.
+A throwaway greedy generation (the engine's, in token ids) runs each size the policy
+can choose (largest first, each `repeats` times, every draft verified) and hands the
+policy what it measured: t(B) for each block size B (all drafts verified) and v(T) for
+each verify size T.
 The first run of a shape pays for compiling MLX's kernels, so the last run counts. Only
 timings are kept: the acceptance of a throwaway prompt says nothing about the user's.
 
@@ -22,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any, cast
 
-from .adaptive import AdaptiveBlockSize
+from .policy import AdaptiveBlockSize
 
 # a prompt the target continues for a while: few early stop tokens
 PROMPT = "Count from one to forty in words: one, two, three, four, five, six, seven,"
@@ -71,8 +72,6 @@ def calibrate(
     only one drafted block of the largest size runs as a warm-up (the policy corrects
     stored times with its own measurements); otherwise the full schedule runs and its
     timings are written there."""
-    from .generate import stream_generate
-
     policy = policy or AdaptiveBlockSize.for_drafter(draft)
     stored = _read_timings(timings, policy.sizes) if timings else None
     if stored is not None:
@@ -80,8 +79,9 @@ def calibrate(
         # one block of the largest size, every draft verified: the drafter's weights
         # and both forwards' kernels are warm before the first answer times them
         largest = max(policy.sizes)
-        for _ in stream_generate(
-            model, draft, tokenizer, "Hello", block_size=largest, max_tokens=1 + largest
+        hello = tokenizer.encode("Hello")
+        for _ in _generate(
+            model, draft, tokenizer, hello, block_size=largest, max_tokens=1 + largest
         ):
             pass
         return policy
@@ -99,19 +99,48 @@ def calibrate(
 
 def _run(model, draft, tokenizer, order: list[int]) -> _Schedule:
     """One throwaway generation of blocks of the sizes in `order`."""
-    from .generate import stream_generate
-
     schedule = _Schedule(order)
-    for _ in stream_generate(
+    for _ in _generate(
         model,
         draft,
         tokenizer,
         tokenizer.encode(PROMPT),
-        block_size=cast(Any, schedule),  # a policy object, as the API allows
+        block_size=cast(Any, schedule),  # a policy object, as the engine allows
         max_tokens=1 + sum(order),
     ):
         pass
     return schedule
+
+
+def _generate(model, draft, tokenizer, ids: list[int], block_size, max_tokens: int):
+    """Greedy blocks after `ids` from the engine, as `stream_generate` runs it (on
+    mlx-lm's generation stream, the model's memory wired), without the text."""
+    from mlx_lm.generate import generation_stream, wired_limit
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+    from ..models.cache import PromptCache
+    from ..sampling import SamplingParams
+    from .loop import as_target, generate_blocks
+
+    target = as_target(model, draft)
+    if not isinstance(tokenizer, TokenizerWrapper):
+        tokenizer = TokenizerWrapper(tokenizer)
+    with wired_limit(target.model, [generation_stream]):
+        blocks = generate_blocks(
+            target,
+            draft,
+            ids,
+            PromptCache(target, draft),
+            SamplingParams(),
+            block_size,
+            max_tokens,
+            frozenset(tokenizer.eos_token_ids),
+            stream=generation_stream,
+        )
+        try:
+            yield from blocks
+        finally:
+            blocks.close()
 
 
 def timings_file(folder: Path, target: str, draft: str) -> Path:
@@ -121,9 +150,8 @@ def timings_file(folder: Path, target: str, draft: str) -> Path:
 
     import mlx.core as mx
 
-    from . import __version__
-    from .bench.environment import cpu_name, detect_blas
-    from .kernels import for_device
+    from .. import __version__
+    from ..backend import cpu_name, detect_blas, for_device
 
     kernels = for_device()
     key = {
@@ -156,7 +184,7 @@ def _read_timings(path: Path, sizes: list[int]) -> tuple[dict, dict] | None:
 def _write_timings(path: Path, policy: AdaptiveBlockSize):
     """Keep the timings for the next process; a cache that cannot be written is
     skipped (it only saves time)."""
-    from .files import write_text
+    from ..files import write_text
 
     record = {"seconds": policy.seconds, "verify_seconds": policy.verify_seconds}
     try:

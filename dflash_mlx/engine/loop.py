@@ -26,19 +26,13 @@ from typing import Union, cast
 
 import mlx.core as mx
 
-from . import validate
-from .adaptive import AdaptiveBlockSize, FixedBlockSize
-from .cache import PromptCache
-from .draft_head import DraftHead
-from .target import Target
-from .verify import (
-    SamplingParams,
-    SeededNoise,
-    accept_greedy,
-    accept_sampled,
-    perturbed,
-    token_logprobs,
-)
+from .. import validate
+from ..models.cache import PromptCache
+from ..models.draft_head import DraftHead
+from ..models.target import Target
+from ..sampling import SamplingParams, SeededNoise, perturbed, token_logprobs
+from .policy import AdaptiveBlockSize, FixedBlockSize
+from .verify import accept_greedy, accept_sampled
 
 # Blocks whose features may wait for the drafter's next draft (memory stays bounded
 # through a long run of plain blocks; 16 tokens are one native product).
@@ -222,11 +216,11 @@ def generate_blocks(
     seconds)` and optionally `cut(confidences)`. `cache` is updated in place and stays
     consistent when the caller stops early; it belongs to this generation until it ends
     (another live one on it is refused). With a `seed`, each sampled token is the
-    target's seeded draw at its position (see verify.SeededNoise): the output depends on
-    the seed and the prompt only, whatever the block sizes. Without one, the drafts are
-    verified by rejection sampling with MLX's global generator (most accepted drafts).
-    With `logprobs` k >= 1, each block carries the target's log-probabilities of its
-    tokens and top k.
+    target's seeded draw at its position (see sampling.SeededNoise): the output depends
+    on the seed and the prompt only, whatever the block sizes. Without one, the drafts
+    are verified by rejection sampling with MLX's global generator (most accepted
+    drafts). With `logprobs` k >= 1, each block carries the target's log-probabilities
+    of its tokens and top k.
     """
     prompt = validate.token_ids(prompt, target.vocab_size)
     validate.max_tokens(max_tokens)
@@ -235,7 +229,7 @@ def generate_blocks(
     validate.prefill_step_size(prefill_step_size)
     group = target.group
     if group is not None:  # a sharded target: every rank makes rank 0's choices
-        from .distributed import Lockstep, shared_seed
+        from .lockstep import Lockstep, shared_seed
 
         if not isinstance(block_size, (int, FixedBlockSize)):
             block_size = cast(AdaptiveBlockSize, Lockstep(block_size, group))

@@ -25,8 +25,8 @@ blocks, so a policy that stopped drafting on hard text finds out when drafting p
 again.
 
 A fresh policy need not explore from scratch: the drafter's shipped per-position
-acceptance (`draft.acceptance_prior`, see acceptance.py) enters as pseudo-counts worth
-`prior_blocks` blocks, which real observations outweigh after as many blocks; and
+acceptance (`draft.acceptance_prior`, see models/acceptance.py) enters as pseudo-counts
+worth `prior_blocks` blocks, which real observations outweigh after as many blocks; and
 `calibrate.py` times each block size and verify size during the load-time warm-up, so
 every size starts timed (stored times are rescaled by the first verify this process
 measures: they may come from a busier moment). Without either, each acceptance starts

@@ -7,7 +7,7 @@ names mapped to mlx-lm's.
 
 import mlx.core as mx
 
-from .gguf_file import GGUFHeader, to_numpy
+from .file import GGUFHeader, to_numpy
 
 # GGUF `general.architecture` -> mlx-lm model_type.
 ARCHITECTURES = {
@@ -181,9 +181,16 @@ def model_config(header: GGUFHeader) -> dict:
         "rope_scaling": _rope_scaling(arch, header, head_dim, theta),
         "tie_word_embeddings": "output.weight" not in tensors,
     }
+    return config | _family_fields(model_type, header, get)
+
+
+def _family_fields(model_type: str, header: GGUFHeader, get) -> dict:
+    """The config fields of one family: experts, sliding window, feed-forward size,
+    biases (`get` reads the architecture's metadata, failing on a missing key)."""
+    md, tensors = header.metadata, header.tensors
+    arch = md["general.architecture"]
     if model_type == "qwen3_moe":
-        layers = range(config["num_hidden_layers"])
-        config |= {
+        return {
             "num_experts": get("expert_count"),
             "num_experts_per_tok": get("expert_used_count"),
             "moe_intermediate_size": get("expert_feed_forward_length"),
@@ -191,22 +198,23 @@ def model_config(header: GGUFHeader) -> dict:
             "norm_topk_prob": bool(md.get(f"{arch}.expert_weights_norm", True)),
             "decoder_sparse_step": 1,
             "mlp_only_layers": [
-                i for i in layers if f"blk.{i}.ffn_gate_inp.weight" not in tensors
+                i
+                for i in range(get("block_count"))
+                if f"blk.{i}.ffn_gate_inp.weight" not in tensors
             ],
         }
-    elif model_type == "gpt_oss":
-        config |= {
+    if model_type == "gpt_oss":
+        return {
             "num_local_experts": get("expert_count"),
             "num_experts_per_tok": get("expert_used_count"),
             "intermediate_size": get("expert_feed_forward_length"),
             "sliding_window": get("attention.sliding_window"),
         }
-    else:
-        config["intermediate_size"] = get("feed_forward_length")
+    fields = {"intermediate_size": get("feed_forward_length")}
     if model_type == "llama":
-        config["attention_bias"] = "blk.0.attn_q.bias" in tensors
-        config["mlp_bias"] = "blk.0.ffn_up.bias" in tensors
-    return config
+        fields["attention_bias"] = "blk.0.attn_q.bias" in tensors
+        fields["mlp_bias"] = "blk.0.ffn_up.bias" in tensors
+    return fields
 
 
 def mlx_name(name: str, model_type: str = "llama") -> str:

@@ -1,4 +1,4 @@
-"""GGUF targets: llama, qwen2, qwen3, qwen3moe and gpt-oss files as mlx-lm's own models.
+"""Loading a GGUF target: its tensors as the weights of mlx-lm's own model.
 
 Files whose tensors are all F32/F16/Q4_0/Q4_1/Q8_0 are read by `mx.load`; any other type
 (K-quants, IQ types, BF16, MXFP4, ...) is memory-mapped and dequantized tensor by tensor
@@ -12,27 +12,12 @@ from typing import cast
 
 import mlx.core as mx
 
-from .gguf_arch import (
-    ARCHITECTURES,
-    FIX_ARCH,
-    REFUSED,
-    check_architecture,
+from .arch import (
     mlx_name,
     model_config,
 )
-from .gguf_file import MLX_NATIVE, GGUFHeader, read_header, to_numpy
-from .gguf_tokenizer import build_tokenizer
-
-__all__ = [
-    "ARCHITECTURES",
-    "FIX_ARCH",
-    "REFUSED",
-    "build_tokenizer",
-    "check_architecture",
-    "load_gguf",
-    "model_config",
-    "unpermute_rows",
-]
+from .file import MLX_NATIVE, GGUFHeader, read_header, to_numpy
+from .tokenizer import build_tokenizer
 
 NATIVE_BITS = {"Q4_0": 4, "Q4_1": 4, "Q8_0": 8}
 NATIVE_GROUP = 32

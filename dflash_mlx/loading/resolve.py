@@ -1,14 +1,16 @@
 """Which target and drafter to load: command-line names, the built-in pair, the
 registry.
 
-Nothing here loads weights; `loading.py` does, from the names chosen here.
+Nothing here loads weights; `targets.py` and `drafters.py` do, from the names chosen
+here.
 """
 
 from types import ModuleType
 
 
 def _optional(module: str) -> ModuleType | None:
-    """`dflash_mlx.<module>`, or None when that module is not part of this build."""
+    """`dflash_mlx.loading.<module>`, or None when that module is not part of this
+    build."""
     from importlib import import_module
 
     try:

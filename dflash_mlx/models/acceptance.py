@@ -2,14 +2,14 @@
 
 How often the target accepts the k-th draft of a block (given the ones before it were)
 is a property of the drafter and the text it drafts, not of the machine. Training
-measures it on its held-out prompts (the same greedy runs that give τ) and writes it to
-`acceptance.json` next to `config.json`; `load_draft` reads it back as
-`draft.acceptance_prior`, and the adaptive block size starts from it instead of from
-nothing (see adaptive.py). Other runtimes ignore the file.
+measures it on its held-out prompts (the same greedy runs that give τ,
+`train.loop.measure_acceptance`) and writes it to `acceptance.json` next to
+`config.json`; `load_draft` reads it back as `draft.acceptance_prior`, and the adaptive
+block size starts from it instead of from nothing (see engine/policy.py). Other
+runtimes ignore the file.
 """
 
 import json
-from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -68,7 +68,7 @@ class Acceptance:
 
 def write_acceptance(folder: Path, acceptance: Acceptance) -> Path:
     """Write `acceptance.json` into a drafter folder (atomically)."""
-    from .files import write_text
+    from ..files import write_text
 
     return write_text(Path(folder) / ACCEPTANCE_FILE, acceptance.to_json())
 
@@ -97,31 +97,4 @@ def read_acceptance(folder: Path, what: str = "Drafter") -> Acceptance | None:
         raise ValueError(
             f"{what}: '{file}' counts more accepted drafts than offered ones; {fix}."
         )
-    return acceptance
-
-
-def measure_acceptance(
-    target,
-    draft,
-    tokenizer,
-    prompts: Iterable[Sequence[int]],
-    block_size: int,
-    max_tokens: int = 128,
-    source: str = "",
-) -> Acceptance:
-    """Greedy answers to `prompts` at a fixed `block_size`, counted per position."""
-    from .generate import stream_generate
-
-    acceptance = Acceptance(block_size, source=source)
-    for ids in prompts:
-        acceptance.prompts += 1
-        for r in stream_generate(
-            target,
-            draft,
-            tokenizer,
-            list(ids),
-            block_size=block_size,
-            max_tokens=max_tokens,
-        ):
-            acceptance.add(r)
     return acceptance

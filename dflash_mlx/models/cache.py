@@ -1,4 +1,5 @@
-"""Target + drafter caches that persist across calls (multi-turn chat reuse)."""
+"""Target + drafter caches that persist across calls (multi-turn chat reuse), and the
+drafter's context cache with a window (`WindowedKVCache`)."""
 
 from collections.abc import Sequence
 
@@ -22,7 +23,7 @@ class PromptCache:
 
     Between generations both caches cover the same tokens: every committed token except
     the last, whose features the target has not computed yet. (Within one, the drafter's
-    may lag behind by the plain blocks since its last draft: engine.py.)
+    may lag behind by the plain blocks since its last draft: engine/loop.py.)
     """
 
     def __init__(self, target: Target, draft=None):
@@ -80,3 +81,54 @@ class PromptCache:
                 c.trim(drop)
             del self.tokens[keep:]
         return keep
+
+
+class WindowedKVCache:
+    """Context KV cache that keeps only the latest `window` positions (RoPE stays
+    absolute).
+
+    Appends are cheap concatenations; the window is enforced when context is absorbed,
+    so a block's own keys (appended, then trimmed) never evict context.
+    """
+
+    def __init__(self, window: int):
+        self.window = window
+        self.keys = self.values = None
+        self.offset = 0  # absolute position of the next key
+        self._size = 0  # keys currently held
+
+    def update_and_fetch(self, keys, values):
+        if self.keys is None:
+            self.keys, self.values = keys, values
+        else:
+            self.keys = mx.concatenate([self.keys[..., : self._size, :], keys], axis=2)
+            self.values = mx.concatenate(
+                [self.values[..., : self._size, :], values], axis=2
+            )
+        self._size += keys.shape[2]
+        self.offset += keys.shape[2]
+        return self.keys, self.values
+
+    def evict(self):
+        if self._size > self.window:
+            self.keys = self.keys[..., self._size - self.window : self._size, :]
+            self.values = self.values[..., self._size - self.window : self._size, :]
+            self._size = self.window
+
+    def size(self) -> int:
+        return self._size
+
+    def trim(self, n: int) -> int:
+        # Context evicted earlier cannot come back; the drafter then sees less of it,
+        # which only affects its proposals, never the output.
+        n = min(n, self.offset)
+        self.offset -= n
+        self._size = max(self._size - n, 0)
+        return n
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    @property
+    def state(self):
+        return [] if self.keys is None else [self.keys, self.values]

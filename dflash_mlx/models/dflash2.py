@@ -5,8 +5,8 @@ a pairwise score against the previous pick."""
 import mlx.core as mx
 import mlx.nn as nn
 
+from ..sampling import categorical
 from . import draft as v1
-from .verify import categorical
 
 
 def grouped_dynamic_conv(

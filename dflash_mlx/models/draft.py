@@ -14,9 +14,9 @@ import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
 from mlx_lm.models.rope_utils import initialize_rope
 
-from .cpu_blocks import ForwardTables, shared_rope
-from .kernels import MLX, Kernels, WindowMask
-from .verify import categorical, perturbed
+from ..kernels import MLX, ForwardTables, Kernels, WindowMask, shared_rope
+from ..sampling import categorical, perturbed
+from .cache import WindowedKVCache
 
 ARCHITECTURES = ("DFlashDraftModel", "DFlash2DraftModel")
 LAYER_TYPES = ("full_attention", "sliding_attention")
@@ -122,57 +122,6 @@ class ModelArgs:
             **top,
             "dflash_config": dflash,
         }
-
-
-class WindowedKVCache:
-    """Context KV cache that keeps only the latest `window` positions (RoPE stays
-    absolute).
-
-    Appends are cheap concatenations; the window is enforced when context is absorbed,
-    so a block's own keys (appended, then trimmed) never evict context.
-    """
-
-    def __init__(self, window: int):
-        self.window = window
-        self.keys = self.values = None
-        self.offset = 0  # absolute position of the next key
-        self._size = 0  # keys currently held
-
-    def update_and_fetch(self, keys, values):
-        if self.keys is None:
-            self.keys, self.values = keys, values
-        else:
-            self.keys = mx.concatenate([self.keys[..., : self._size, :], keys], axis=2)
-            self.values = mx.concatenate(
-                [self.values[..., : self._size, :], values], axis=2
-            )
-        self._size += keys.shape[2]
-        self.offset += keys.shape[2]
-        return self.keys, self.values
-
-    def evict(self):
-        if self._size > self.window:
-            self.keys = self.keys[..., self._size - self.window : self._size, :]
-            self.values = self.values[..., self._size - self.window : self._size, :]
-            self._size = self.window
-
-    def size(self) -> int:
-        return self._size
-
-    def trim(self, n: int) -> int:
-        # Context evicted earlier cannot come back; the drafter then sees less of it,
-        # which only affects its proposals, never the output.
-        n = min(n, self.offset)
-        self.offset -= n
-        self._size = max(self._size - n, 0)
-        return n
-
-    def is_trimmable(self) -> bool:
-        return True
-
-    @property
-    def state(self):
-        return [] if self.keys is None else [self.keys, self.values]
 
 
 def _inference(module: nn.Module) -> Kernels:
@@ -316,11 +265,11 @@ class Model(nn.Module):
         return layers
 
     def use_kernels(self, kernels: Kernels):
-        """Run inference through `kernels` (see kernels.for_device); training uses
+        """Run inference through `kernels` (see backend.for_device); training uses
         MLX's."""
         self.kernels = kernels
         rope = shared_rope(self.layers) if kernels.rope is not None else None
-        tables = None if rope is None else ForwardTables(rope)
+        tables = None if rope is None else ForwardTables(rope, kernels.rope_table)
         for module in self.modules():
             if isinstance(module, (MLP, Attention, DecoderLayer)):
                 module.kernels = kernels

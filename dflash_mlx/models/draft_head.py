@@ -126,7 +126,7 @@ DRAFT_VOCAB_FILE = "draft_vocab.json"
 
 def write_draft_vocab(folder: Path, ids: Iterable[int]) -> Path:
     """Write the draft vocabulary beside a drafter's weights (atomically)."""
-    from .files import write_text
+    from ..files import write_text
 
     ids = [int(i) for i in ids]
     return write_text(Path(folder) / DRAFT_VOCAB_FILE, json.dumps({"token_ids": ids}))

@@ -20,12 +20,11 @@ tests/test_target.py and tests/test_families.py):
   embedding's `as_linear`, then `final_logit_softcapping` where the model has it;
 - GatedDeltaNet mixers compute everything from children named `in_proj*` and keep
   `[conv state, recurrent state]` in an `ArraysCache`; attention caches are trimmable.
-On the CPU, llama/qwen2/qwen3 blocks run through `cpu_blocks.py` (cheaper kernels), and
-qwen3_5 mixers through `cpu_delta.py` (the recurrence over a block in closed form).
+The stand-ins are in taps.py. On the CPU, llama/qwen2/qwen3 blocks run through
+`cpu/blocks.py` (cheaper kernels), and qwen3_5 mixers through `cpu/delta.py` (the
+recurrence over a block in closed form), both reached through the kernels' fields.
 """
 
-import copy
-from dataclasses import dataclass, field
 from typing import Any
 
 import mlx.core as mx
@@ -37,7 +36,9 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
 )
 
-from .kernels import Kernels, for_device
+from ..backend import for_device
+from ..kernels import Kernels
+from .taps import DeltaTap, KernelNorm, LayerTap, Recording, view
 
 SUPPORTED_MODEL_TYPES = (
     "llama",
@@ -78,131 +79,9 @@ def model_type(model: nn.Module) -> str:
     )
 
 
-def _view(module: nn.Module, **children) -> nn.Module:
-    """A shallow copy of `module` with some children replaced; `module` is untouched."""
-    view = copy.copy(module)
-    for name, child in children.items():
-        view[name] = child
-    return view
-
-
-@dataclass
-class _Recording:
-    """What the forward in progress keeps: the drafter's layer outputs, and (verify
-    passes) a tape of what rolling back the recurrent layers needs."""
-
-    wanted: frozenset = frozenset()
-    outputs: dict = field(default_factory=dict)
-    tape: list | None = None
-
-
-class _LayerTap:
-    """Stands in for decoder layer `index` in a model view; keeps its output."""
-
-    def __init__(self, layer, index: int, recording: _Recording):
-        self.layer, self.index, self.recording = layer, index, recording
-
-    def __getattr__(self, name):  # the model's loop reads layer attributes
-        return getattr(self.__dict__["layer"], name)
-
-    def __call__(self, *args, **kwargs):
-        out = self.layer(*args, **kwargs)
-        if self.index in self.recording.wanted:
-            self.recording.outputs[self.index] = (
-                out[0] if isinstance(out, tuple) else out
-            )
-        return out
-
-
-class _KernelNorm:
-    """Stands in for the model's final norm: the same layer on the device's
-    kernels."""
-
-    def __init__(self, norm: nn.Module, kernels: Kernels):
-        self.norm, self.kernels = norm, kernels
-
-    def __getattr__(self, name):
-        return getattr(self.__dict__["norm"], name)
-
-    def __call__(self, x):
-        return self.kernels.norm(self.norm, x)
-
-
-@dataclass
-class _DeltaRecord:
-    """A GatedDeltaNet layer's verify pass: enough to redo it over a prefix."""
-
-    tap: "_DeltaTap"
-    inputs: mx.array
-    mask: mx.array | None
-    state: tuple  # the ArraysCache state before the block
-    projections: dict = field(default_factory=dict)  # in_proj* name -> output
-
-
-class _Projection:
-    """An `in_proj*` child of a mixer view: records its output, or replays a prefix."""
-
-    def __init__(self, name: str, module, tap: "_DeltaTap"):
-        self.name, self.module, self.tap = name, module, tap
-
-    def __call__(self, x):
-        replay = self.tap.replaying
-        if replay is not None:
-            record, keep = replay
-            return record.projections[self.name][:, :keep]
-        out = self.module(x)
-        if self.tap.record is not None:
-            self.tap.record.projections[self.name] = out
-        return out
-
-
-class _DeltaTap:
-    """Stands in for a GatedDeltaNet mixer; runs mlx-lm's own mixer code on a view whose
-    input projections are `_Projection`s."""
-
-    def __init__(self, mixer: nn.Module, recording: _Recording, cpu: bool = False):
-        from . import cpu_delta
-
-        self.recording = recording
-        self.record: _DeltaRecord | None = None
-        self.replaying: tuple | None = None
-        names = [n for n in mixer if n.startswith("in_proj")]
-        self.mixer = _view(mixer, **{n: _Projection(n, mixer[n], self) for n in names})
-        # on the CPU, qwen3_5's recurrence over many tokens in closed form
-        self.forward = cpu_delta.forward_for(self.mixer) if cpu else self.mixer
-
-    def __call__(self, inputs, mask=None, cache=None):
-        tape = self.recording.tape
-        if tape is None or cache is None:
-            return self.forward(inputs, mask, cache)
-        self.record = _DeltaRecord(self, inputs, mask, _snapshot(cache))
-        tape.append(self.record)
-        try:
-            return self.forward(inputs, mask, cache)
-        finally:
-            self.record = None
-
-    def replay(self, record: _DeltaRecord, cache, keep: int):
-        """Restore the pre-block state, then advance it over the first `keep` tokens."""
-        cache.state = (list(record.state[0]), *record.state[1:])
-        if keep == 0:
-            return
-        mask = None if record.mask is None else record.mask[:, :keep]
-        self.replaying = (record, keep)
-        try:  # only the cache updates are evaluated: the output projection is skipped
-            self.forward(record.inputs[:, :keep], mask, cache)
-        finally:
-            self.replaying = None
-
-
-def _snapshot(cache: ArraysCache) -> tuple:
-    arrays, left_padding, lengths = cache.state
-    return list(arrays), left_padding, lengths
-
-
 def _group(model: nn.Module, inner: nn.Module):
     """The distributed.Group a sharded target runs in, or None."""
-    from .distributed import Group, backend_name, model_group
+    from ..distributed import Group, backend_name, model_group
 
     group = model_group(model)
     if group is None:
@@ -232,13 +111,13 @@ def _rollable(cache) -> bool:
     return cache is None or bool(getattr(cache, "is_trimmable", lambda: False)())
 
 
-def _stand_in(layer, index: int, recording: _Recording, block=None, cpu=False):
-    """The tap for one layer (`block`: a CPU block standing in for it; `cpu`: recurrent
-    mixers on cpu_delta's kernels)."""
+def _stand_in(layer, index: int, recording: Recording, block=None, delta=None):
+    """The tap for one layer (`block`: a CPU block standing in for it; `delta`: the
+    kernels' `delta_forward` for recurrent mixers)."""
     mixer = _mixer(layer)
     if mixer is not None:
-        layer = _view(layer, linear_attn=_DeltaTap(mixer, recording, cpu))
-    return _LayerTap(block or layer, index, recording)
+        layer = view(layer, linear_attn=DeltaTap(mixer, recording, delta))
+    return LayerTap(block or layer, index, recording)
 
 
 class Target:
@@ -272,7 +151,7 @@ class Target:
                 f"(0..{len(self.layers) - 1}): use the drafter trained for this target."
             )
         self.kernels = kernels or for_device()
-        self._recording = _Recording(frozenset(self.feature_layer_ids))
+        self._recording = Recording(frozenset(self.feature_layer_ids))
         self._view = self._make_view()
         self._check_rollback()
         self.embed_tokens = self.inner.embed_tokens
@@ -280,25 +159,24 @@ class Target:
         self.softcap = getattr(self.lm, "final_logit_softcapping", None)
 
     def _make_view(self) -> nn.Module:
-        from .cpu_blocks import cpu_blocks
-
+        kernels = self.kernels
         blocks = None
-        if self.kernels.cpu_blocks:
+        if kernels.blocks is not None:  # the CPU's (cpu/blocks.py)
             layers = [la for la in self.layers if la]
-            blocks = cpu_blocks(self.model_type, layers, self.kernels)
-        self.cpu_blocks = blocks is not None  # standard blocks on cpu_ops' kernels
+            blocks = kernels.blocks(self.model_type, layers, kernels)
+        self.cpu_blocks = blocks is not None  # standard blocks on the CPU's kernels
         pending = iter(blocks or ())
         taps = [
             layer
             and _stand_in(
-                layer, i, self._recording, next(pending, None), self.kernels.cpu_blocks
+                layer, i, self._recording, next(pending, None), kernels.delta_forward
             )
             for i, layer in enumerate(self.inner.layers)
         ]
         if not self.cpu_blocks:
-            return _view(self.inner, layers=taps)
-        norm = _KernelNorm(self.inner.norm, self.kernels)
-        return _view(self.inner, layers=taps, norm=norm)
+            return view(self.inner, layers=taps)
+        norm = KernelNorm(self.inner.norm, self.kernels)
+        return view(self.inner, layers=taps, norm=norm)
 
     def _check_rollback(self):
         """Every cache must be trimmable or a GatedDeltaNet state we can replay."""

@@ -3,7 +3,9 @@
 A thin layer over the engine: `scheduler` owns every MLX call on one thread and speaks
 token ids; the route modules turn HTTP requests into token ids and blocks of committed
 ids back into each API's wire format. Needs the `serve` extra (FastAPI, uvicorn,
-pydantic, prometheus-client): `pip install 'dflash-mlx[serve]'`.
+pydantic, prometheus-client): `pip install 'dflash-mlx[serve]'`. May import anything
+of the library below the commands (the text API, loading, the engine, models, base
+modules); never bench/, chat/, train/ or cli/.
 """
 
 SERVE_EXTRA_FIX = "pip install 'dflash-mlx[serve]'"

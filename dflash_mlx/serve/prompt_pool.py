@@ -7,8 +7,8 @@ is done. Only the engine thread calls it.
 
 from collections.abc import Callable, Sequence
 
-from ..cache import PromptCache
-from ..cache import _common_prefix as _shared_prefix
+from ..models.cache import PromptCache
+from ..models.cache import _common_prefix as _shared_prefix
 
 
 class PromptPool:

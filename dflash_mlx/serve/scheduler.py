@@ -17,7 +17,7 @@ from collections import deque
 from collections.abc import Generator
 from dataclasses import dataclass
 
-from ..cache import PromptCache
+from ..models.cache import PromptCache
 
 log = logging.getLogger("dflash_mlx.serve")
 

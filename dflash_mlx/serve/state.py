@@ -38,10 +38,10 @@ def build_state(
     """Wrap the loaded pair and make the engine, its prompt pool and the metrics."""
     from mlx_lm.generate import TextStateMachine, make_text_state_machine
 
-    from ..adaptive import AdaptiveBlockSize
-    from ..engine import as_target
+    from ..engine.loop import as_target
+    from ..engine.policy import AdaptiveBlockSize
     from ..generate import make_prompt_cache, wrap_tokenizer
-    from ..resolve import context_length
+    from ..loading.resolve import context_length
     from .metrics import Metrics
     from .prompt_pool import PromptPool
     from .scheduler import Scheduler

@@ -1,4 +1,8 @@
-"""Train a DFlash drafter for a supported target: `dflash-mlx train` as a library."""
+"""Train a DFlash drafter for a supported target: `dflash-mlx train` as a library.
+
+May import anything of the library below the commands (the text API, loading, gguf,
+models, base modules); never bench/, chat/, serve/ or cli/.
+"""
 
 from .blocks import (
     default_gamma,

@@ -8,10 +8,10 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from .. import files
-from ..acceptance import ACCEPTANCE_FILE, write_acceptance
-from ..draft import Model, ModelArgs, default_target_layer_ids
-from ..draft_head import DRAFT_VOCAB_FILE, write_draft_vocab
 from ..loading import read_safetensors
+from ..models.acceptance import ACCEPTANCE_FILE, write_acceptance
+from ..models.draft import Model, ModelArgs, default_target_layer_ids
+from ..models.draft_head import DRAFT_VOCAB_FILE, write_draft_vocab
 
 DEFAULT_DRAFT_LAYERS = 3
 DEFAULT_FEATURE_LAYERS = 5

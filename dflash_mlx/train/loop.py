@@ -10,7 +10,7 @@ exactly as if it had not stopped.
 import json
 import shutil
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -20,9 +20,9 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
-from ..acceptance import Acceptance, measure_acceptance
-from ..draft_head import DraftHead
 from ..loading import read_safetensors
+from ..models.acceptance import Acceptance
+from ..models.draft_head import DraftHead
 from .blocks import make_blocks, sample_anchors
 from .data import Sample
 from .export import save_weights
@@ -93,6 +93,33 @@ def schedule(lr: float, total: int, warmup_frac: float):
     )
 
 
+def measure_acceptance(
+    target,
+    draft,
+    tokenizer,
+    prompts: Iterable[Sequence[int]],
+    block_size: int,
+    max_tokens: int = 128,
+    source: str = "",
+) -> Acceptance:
+    """Greedy answers to `prompts` at a fixed `block_size`, counted per position."""
+    from ..generate import stream_generate
+
+    acceptance = Acceptance(block_size, source=source)
+    for ids in prompts:
+        acceptance.prompts += 1
+        for r in stream_generate(
+            target,
+            draft,
+            tokenizer,
+            list(ids),
+            block_size=block_size,
+            max_tokens=max_tokens,
+        ):
+            acceptance.add(r)
+    return acceptance
+
+
 def measure_tau(
     target,
     draft,
@@ -143,7 +170,7 @@ class Trainer:
         self.history = _History()
         # the last validation's per-position counts: exported as the policy's prior
         self.acceptance: Acceptance | None = None
-        # a drafter from load_draft is in eval mode (cpu_ops, no gradients)
+        # a drafter from load_draft is in eval mode (the CPU's kernels, no gradients)
         draft.train()
         self.optimizer.init(draft.trainable_parameters())
         self._grad = nn.value_and_grad(draft, self._loss)

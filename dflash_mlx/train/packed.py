@@ -12,8 +12,8 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-from ..draft import Model as DraftModel
-from ..draft_head import DraftHead
+from ..models.draft import Model as DraftModel
+from ..models.draft_head import DraftHead
 from .blocks import Blocks, PackedMask, packed_mask
 
 

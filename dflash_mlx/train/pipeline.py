@@ -18,7 +18,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from ..draft_head import select_draft_vocab
+from ..models.draft_head import select_draft_vocab
 from . import corpus
 from .checks import check_init_from, check_options, check_out
 from .data import (
@@ -168,7 +168,7 @@ def _responses(opts: TrainOptions, model, tokenizer, prompts: list, data: Path):
 
 def run(opts: TrainOptions, model=None, tokenizer=None) -> Iterator:
     """Yield Stage, DataProgress, FeatureProgress, Step/Val/SaveEvent, then Finished."""
-    from ..target import Target
+    from ..models.target import Target
 
     out = Path(opts.out).expanduser()
     train_prompts, val_prompts = check(opts)

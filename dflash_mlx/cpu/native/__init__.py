@@ -146,7 +146,7 @@ def prune_builds(builds: Path, keep: Path, now: float | None = None) -> list[Pat
 
 
 def _cache_folder(compiler: str, nanobind_version: str) -> Path:
-    from ..defaults import user_cache
+    from ...files import user_cache
 
     version = subprocess.run(
         [compiler, "--version"], capture_output=True, text=True, timeout=30

@@ -1,13 +1,12 @@
-"""The native kernels as the CPU's kernels (see kernels.for_device): each applies
+"""The native kernels as the CPU's kernels (see cpu.kernels): each applies
 where its compiled op does (float32, a decoding step or a verify block) and hands
 anything else to the kernel it stands in for."""
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .. import cpu_ops
-from ..cpu_gemm import apply_linear
-from ..kernels import WindowMask
+from ...kernels import WindowMask, apply_linear
+from .. import ops as cpu_ops
 from . import load
 
 # measured on the demo target: from 16 tokens OpenBLAS's packed products catch up
@@ -50,15 +49,15 @@ def norm(module: nn.Module, x: mx.array) -> mx.array:
 
 
 def rope(x: mx.array, table) -> mx.array:
-    """(B, L, H, D) queries or keys rotated with a `cpu_ops.rope_table`, as the
-    (B, H, L, D) heads attention reads (`cpu_ops.rope` then a transpose)."""
+    """(B, L, H, D) queries or keys rotated with a `cpu.ops.rope_table`, as the
+    (B, H, L, D) heads attention reads (`cpu.ops.rope` then a transpose)."""
     if x.dtype != mx.float32:
         return cpu_ops.rope_heads(x, table)
     return _kernels().rope(x, *table)
 
 
 def attention(q, k, v, scale: float, mask=None) -> mx.array:
-    """`cpu_ops.attention` (same arguments, (B, H, T, D) out), on `block_attention`
+    """`cpu.ops.attention` (same arguments, (B, H, T, D) out), on `block_attention`
     for float32 blocks of at most MAX_TOKENS queries with no mask, a causal one or a
     `WindowMask`."""
     kernels = _kernels()
@@ -97,5 +96,7 @@ def _applies(x: mx.array, weight: mx.array) -> bool:
 def _kernels():
     module = load()
     if module is None:
-        raise RuntimeError("dflash_mlx.native.ops needs the native kernels (load())")
+        raise RuntimeError(
+            "dflash_mlx.cpu.native.ops needs the native kernels (load())"
+        )
     return module

@@ -1,0 +1,36 @@
+"""A sharded target's ranks in lockstep: what could differ between them is rank 0's.
+
+Every rank runs the same speculative loop (see distributed.py); the adaptive policy's
+choices come from wall-clock timings and an unseeded sampling's seed from the OS, so
+both are broadcast from rank 0.
+"""
+
+import os
+
+from ..distributed import Group
+
+
+class Lockstep:
+    """A block-size policy whose decisions are rank 0's on every rank."""
+
+    def __init__(self, policy, group: Group):
+        self.policy, self.group = policy, group
+        if hasattr(policy, "cut"):
+            self.cut = self._cut
+
+    def next(self, limit: int | None = None) -> int:
+        return self.group.broadcast([self.policy.next(limit=limit)])[0]
+
+    def _cut(self, confidence: list) -> int:
+        return self.group.broadcast([self.policy.cut(confidence)])[0]
+
+    def observe(self, *args, **kwargs):
+        self.policy.observe(*args, **kwargs)
+
+    def __getattr__(self, name):  # the wrapped policy's statistics
+        return getattr(self.__dict__["policy"], name)
+
+
+def shared_seed(group: Group) -> int:
+    """A seed drawn on rank 0 and used by all: sampled tokens agree on every rank."""
+    return group.broadcast([int.from_bytes(os.urandom(4), "little") >> 1])[0]
