@@ -59,7 +59,7 @@ def test_the_schedule_runs_its_order_then_plain_steps():
 
 def test_a_stop_token_early_retries_what_is_left(pair, monkeypatch):
     _, _, model, tok, draft = pair
-    from dflash_mlx import calibrate as module
+    from dflash_mlx.engine import calibrate as module
 
     runs = []
 
@@ -92,7 +92,7 @@ def test_timings_are_kept_for_the_next_process(pair, tmp_path, monkeypatch):
     """A full calibration writes its timings; a later one reads them back and runs
     only one drafted block of the largest size (a warm-up, no schedule)."""
     _, _, model, tok, draft = pair
-    from dflash_mlx import calibrate as module
+    from dflash_mlx.engine import calibrate as module
 
     path = tmp_path / "timings" / "pair.json"
     first = module.calibrate(model, draft, tok, timings=path)
@@ -126,7 +126,7 @@ def test_timings_are_kept_for_the_next_process(pair, tmp_path, monkeypatch):
 )
 def test_a_broken_timings_file_is_measured_again_and_replaced(pair, tmp_path, content):
     _, _, model, tok, draft = pair
-    from dflash_mlx import calibrate as module
+    from dflash_mlx.engine import calibrate as module
 
     path = tmp_path / "pair.json"
     path.write_text(content)
@@ -140,7 +140,7 @@ def test_a_broken_timings_file_is_measured_again_and_replaced(pair, tmp_path, co
 
 def test_an_unwritable_timings_folder_only_costs_the_calibration(pair, tmp_path):
     _, _, model, tok, draft = pair
-    from dflash_mlx import calibrate as module
+    from dflash_mlx.engine import calibrate as module
 
     blocker = tmp_path / "file"
     blocker.write_text("")

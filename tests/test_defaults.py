@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from dflash_mlx import defaults
+from dflash_mlx.loading import defaults
 
 
 def test_default_target_is_the_smollm2_gguf():
