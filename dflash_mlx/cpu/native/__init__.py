@@ -40,6 +40,11 @@ FOLDER = Path(__file__).parent  # *.cpp and *.h: one module
 MODULE = "_dflash_native"
 COMPILERS = ("c++", "g++", "clang++")
 ARCH = "-march=native"  # this CPU's vector units (the cache key has its flags)
+# No fused multiply-adds the compiler picks per loop: it fused `acc += w * x` in some
+# template instances and not in others (AVX2 builds, one-row products), so a row's
+# result depended on how many rows were computed with it. Every sum is then the same
+# multiplies and adds in the same order in every kernel (memory-bound: no slower).
+EXACT_SUMS = "-ffp-contract=off"
 BUILD_SECONDS = 300
 # The self-check: odd sizes (a lane tail, a partial group of rows), more rows of x
 # than one pass takes, against MLX's own ops.
@@ -156,6 +161,7 @@ def _cache_folder(compiler: str, nanobind_version: str) -> Path:
     for part in (
         *(f.name.encode() + f.read_bytes() for f in sources),
         ARCH.encode(),
+        EXACT_SUMS.encode(),
         version_of("mlx").encode(),
         nanobind_version.encode(),
         sys.version.encode(),
@@ -184,7 +190,7 @@ def _build(compiler, nanobind, python_include: Path, binary: Path, failed: Path)
     tmp = binary.with_name(f".{binary.name}.tmp")
     command = [
         compiler,
-        *("-O3", ARCH, "-std=c++20", "-shared", "-fPIC"),
+        *("-O3", ARCH, EXACT_SUMS, "-std=c++20", "-shared", "-fPIC"),
         "-fvisibility=hidden",
         "-DNB_DOMAIN=mlx",  # MLX's nanobind domain: its mx.array type is ours
         f"-I{mlx_dir / 'include'}",
