@@ -81,7 +81,8 @@ def serve(
         "--max-tokens",
         "-n",
         min=1,
-        help="Most tokens one request may generate (the default when it names none).",
+        help="Most tokens one request generates: larger asks are clamped to it; "
+        "the default when it names none.",
     ),
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
     port: int = typer.Option(8080, "--port", "-p", min=0, max=65535),
@@ -93,6 +94,11 @@ def serve(
     ),
     model_name: str | None = typer.Option(
         None, "--model-name", help="Model id to serve under (default: from --model)."
+    ),
+    strict_model_name: bool = typer.Option(
+        False,
+        "--strict-model-name",
+        help="Answer 404 to other model names (default: any name gets this model).",
     ),
     max_concurrency: int = typer.Option(
         4, "--max-concurrency", min=1, help="Requests generating at once."
@@ -154,6 +160,7 @@ def serve(
             model_id=model_name or _served_name(model_ref),
             draft_id=draft_ref,
             aliases=(model_ref,),
+            strict_model_name=strict_model_name,
             block_size=size,
             max_tokens=max_tokens,
             temperature=temp,

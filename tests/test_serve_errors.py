@@ -1,5 +1,7 @@
 """serve: every kind of bad input gets a 4xx in its API's error shape, with a message
-that says what to fix, and the server keeps serving."""
+that says what to fix, and the server keeps serving. (What agents send that is not
+bad input, such as a model name of their own or a max_tokens above the cap, is in
+tests/test_serve_lenient.py.)"""
 
 import httpx
 import pytest
@@ -60,7 +62,6 @@ BAD_CHAT = [
     ("max_tokens type", {**CHAT, "max_tokens": "ten"}, 400, "max_tokens", "integer"),
     ("max_tokens 0", {**CHAT, "max_tokens": 0}, 400, "max_tokens", "greater than"),
     ("max_tokens < 0", {**CHAT, "max_tokens": -3}, 400, "max_tokens", "greater than"),
-    ("above the cap", {**CHAT, "max_tokens": 65}, 400, "max_tokens", "--max-tokens"),
     ("temperature < 0", {**CHAT, "temperature": -1}, 400, "temperature", "greater"),
     ("temperature > 2", {**CHAT, "temperature": 3}, 400, "temperature", "less"),
     ("temperature type", {**CHAT, "temperature": "hot"}, 400, "temperature", "number"),
@@ -77,7 +78,6 @@ BAD_CHAT = [
         "top_logprobs",
         "20",
     ),
-    ("unknown model", {**CHAT, "model": "gpt-5"}, 404, "model", "/v1/models"),
     ("penalty", {**CHAT, "presence_penalty": 0.5}, 400, "presence_penalty", "leave it"),
     ("logit_bias", {**CHAT, "logit_bias": {"5": 3}}, 400, "logit_bias", "leave it"),
     (
@@ -99,7 +99,7 @@ BAD_CHAT = [
         {**CHAT, "messages": [{"role": "user", "content": "x" * 4200}]},
         400,
         "messages",
-        "context window",
+        "a model with a longer context",
     ),
     (
         "oversized body",
@@ -168,7 +168,6 @@ BAD_MESSAGES = [
         "invalid_request_error",
         "max_tokens",
     ),
-    ({**MESSAGES, "model": "claude-x"}, 404, "not_found_error", "/v1/models"),
     ({**MESSAGES, "temperature": 1.5}, 400, "invalid_request_error", "temperature"),
     (
         {**MESSAGES, "messages": [{"role": "user", "content": [{"type": "image"}]}]},

@@ -1,5 +1,8 @@
-"""serve: tool calls and reasoning, parsed by mlx-lm's own tool parser and thinking
-markers, from a scripted tiny model (tests/scripted.py) through the real engine."""
+"""serve: tool calls and reasoning, parsed by mlx-lm's own tool parsers and thinking
+markers, from a scripted target (tests/scripted_agent.py) through the real engine, in
+both template styles: Qwen3's (`<tool_call>` JSON) and Qwen3.5's (`<function=...>` XML,
+`<think>` opened by the prompt). Each API round-trips: tools -> streamed call -> the
+tool's result -> the answer."""
 
 import json
 
@@ -7,8 +10,8 @@ import anthropic
 import httpx
 import openai
 import pytest
-import scripted
-import tiny
+import scripted_agent
+from scripted_agent import ANSWER, THINK
 from serve_helpers import LiveServer, sse_events
 
 from dflash_mlx import load, load_draft
@@ -28,13 +31,12 @@ TOOLS = [
 ]
 ASK = [{"role": "user", "content": "Weather in Paris?"}]
 NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
-CALL = {"city": "Paris"}
+NAME, CALL = scripted_agent.CALL
 
 
-@pytest.fixture(scope="module")
-def server(models_dir):
-    t = scripted.make_scripted_target(models_dir / "scripted-target")
-    d = tiny.make_draft(models_dir / "scripted-draft", t, num_layers=1)
+@pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
+def server(request, models_dir):
+    t, d = scripted_agent.agent_pair(models_dir, request.param)
     model, tokenizer = load(str(t))
     assert tokenizer.has_tool_calling and tokenizer.has_thinking
     with LiveServer(model, tokenizer, load_draft(str(d))) as s:
@@ -46,7 +48,7 @@ def client(server):
     return openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0)
 
 
-def test_a_tool_call_comes_back_as_tool_calls(client):
+def test_a_tool_call_and_its_result_round_trip(client):
     r = client.chat.completions.create(
         model="tiny", messages=ASK, tools=TOOLS, extra_body=NO_THINKING
     )
@@ -54,7 +56,7 @@ def test_a_tool_call_comes_back_as_tool_calls(client):
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
     (call,) = choice.message.tool_calls
-    assert call.type == "function" and call.function.name == "get_weather"
+    assert call.type == "function" and call.function.name == NAME
     assert json.loads(call.function.arguments) == CALL
     # the answer feeds back: the assistant's call and the tool's result
     follow_up = ASK + [
@@ -64,7 +66,8 @@ def test_a_tool_call_comes_back_as_tool_calls(client):
     again = client.chat.completions.create(
         model="tiny", messages=follow_up, tools=TOOLS, extra_body=NO_THINKING
     )
-    assert again.choices[0].finish_reason == "tool_calls"
+    assert again.choices[0].finish_reason == "stop"
+    assert again.choices[0].message.content == ANSWER
 
 
 def test_streamed_tool_calls_never_leak_markup(client):
@@ -74,47 +77,62 @@ def test_streamed_tool_calls_never_leak_markup(client):
         )
     )
     content = "".join(c.choices[0].delta.content or "" for c in chunks)
-    assert "<tool_call>" not in content and "get_weather" not in content
+    assert "<tool_call>" not in content and NAME not in content
     calls = [t for c in chunks for t in c.choices[0].delta.tool_calls or []]
-    assert [(t.index, t.function.name) for t in calls] == [(0, "get_weather")]
+    assert [(t.index, t.function.name) for t in calls] == [(0, NAME)]
     assert json.loads(calls[0].function.arguments) == CALL
     assert chunks[-1].choices[0].finish_reason == "tool_calls"
 
 
 def test_thinking_goes_to_reasoning_content(client):
-    r = client.chat.completions.create(
-        model="tiny", messages=ASK
-    )  # template default: on
+    r = client.chat.completions.create(model="tiny", messages=ASK)  # default: on
     message = r.choices[0].message
-    assert message.reasoning_content == scripted.THINK
-    assert message.content == scripted.ANSWER
+    assert message.reasoning_content == THINK
+    assert message.content == ANSWER
     assert r.choices[0].finish_reason == "stop"
     chunks = list(
         client.chat.completions.create(model="tiny", messages=ASK, stream=True)
     )
     deltas = [c.choices[0].delta for c in chunks]
-    assert "".join(getattr(d, "reasoning_content", None) or "" for d in deltas) == (
-        scripted.THINK
+    reasoning = "".join(getattr(d, "reasoning_content", None) or "" for d in deltas)
+    assert reasoning == THINK
+    assert "".join(d.content or "" for d in deltas) == ANSWER
+    # reasoning_effort is the thinking switch too
+    r = client.chat.completions.create(
+        model="tiny", messages=ASK, reasoning_effort="none"
     )
-    assert "".join(d.content or "" for d in deltas) == scripted.ANSWER
+    assert getattr(r.choices[0].message, "reasoning_content", None) is None
+    assert r.choices[0].message.content == ANSWER
 
 
-def test_anthropic_tool_use_and_thinking_blocks(server):
+def test_thinking_then_a_tool_call(client):
+    r = client.chat.completions.create(model="tiny", messages=ASK, tools=TOOLS)
+    message = r.choices[0].message
+    assert message.reasoning_content == THINK and message.content is None
+    assert [c.function.name for c in message.tool_calls] == [NAME]
+
+
+def test_anthropic_tool_use_thinking_and_the_result(server):
     claude = anthropic.Anthropic(base_url=server.url, api_key="none", max_retries=0)
-    tools = [
-        {"name": "get_weather", "input_schema": TOOLS[0]["function"]["parameters"]}
-    ]
+    tools = [{"name": NAME, "input_schema": TOOLS[0]["function"]["parameters"]}]
     kw = dict(model="tiny", max_tokens=32, messages=ASK, tools=tools)
     m = claude.messages.create(**kw, thinking={"type": "disabled"})
     assert m.stop_reason == "tool_use"
     (use,) = m.content
-    assert (use.type, use.name, use.input) == ("tool_use", "get_weather", CALL)
-    m = claude.messages.create(**kw, thinking={"type": "enabled", "budget_tokens": 64})
-    assert [b.type for b in m.content] == ["thinking", "text"]
-    assert (m.content[0].thinking, m.content[1].text) == (
-        scripted.THINK,
-        scripted.ANSWER,
-    )
+    assert (use.type, use.name, use.input) == ("tool_use", NAME, CALL)
+    for thinking in ({"type": "enabled", "budget_tokens": 64}, {"type": "adaptive"}):
+        m = claude.messages.create(**kw, thinking=thinking)
+        assert [b.type for b in m.content] == ["thinking", "tool_use"]
+        assert m.content[0].thinking == THINK
+    result = {"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}
+    turns = ASK + [
+        {"role": "assistant", "content": [b.model_dump() for b in m.content]},
+        {"role": "user", "content": [result]},
+    ]
+    with claude.messages.stream(**{**kw, "messages": turns}) as stream:
+        final = stream.get_final_message()
+    assert [b.type for b in final.content] == ["thinking", "text"]
+    assert (final.content[1].text, final.stop_reason) == (ANSWER, "end_turn")
     body = {**kw, "stream": True, "thinking": {"type": "disabled"}}
     with httpx.stream("POST", server.url + "/v1/messages", json=body) as r:
         events = [json.loads(d) for _, d in sse_events(r)]
@@ -125,14 +143,9 @@ def test_anthropic_tool_use_and_thinking_blocks(server):
     )
     assert json.loads(partial) == CALL
     assert events[-2]["delta"]["stop_reason"] == "tool_use"
-    thinking = {"type": "enabled", "budget_tokens": 64}
-    with claude.messages.stream(**kw, thinking=thinking) as stream:
-        final = stream.get_final_message()
-    assert [b.type for b in final.content] == ["thinking", "text"]
-    assert final.content[0].thinking == scripted.THINK
 
 
-def test_responses_function_calls_and_reasoning(client):
+def test_responses_function_calls_reasoning_and_the_result(client):
     tools = [{"type": "function", **TOOLS[0]["function"]}]
     r = client.responses.create(
         model="tiny", input=ASK, tools=tools, reasoning={"effort": "none"}
@@ -143,7 +156,7 @@ def test_responses_function_calls_and_reasoning(client):
         model="tiny", input="Weather?", reasoning={"effort": "low"}
     )
     assert [o.type for o in r.output] == ["reasoning", "message"]
-    assert r.output_text == scripted.ANSWER
+    assert r.output_text == ANSWER
     events = list(
         client.responses.create(
             model="tiny",
@@ -156,3 +169,11 @@ def test_responses_function_calls_and_reasoning(client):
     done = [e for e in events if e.type == "response.function_call_arguments.done"]
     assert len(done) == 1 and json.loads(done[0].arguments) == CALL
     assert events[-1].type == "response.completed"
+    output = {"type": "function_call_output", "call_id": call.call_id, "output": "sun"}
+    r = client.responses.create(
+        model="tiny",
+        input=[*ASK, call.model_dump(exclude_none=True), output],
+        tools=tools,
+        reasoning={"effort": "none"},
+    )
+    assert r.output_text == ANSWER and r.status == "completed"

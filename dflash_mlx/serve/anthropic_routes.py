@@ -7,18 +7,20 @@ from fastapi import APIRouter, Request
 
 from .bodies import read_request
 from .errors import ApiError, anthropic_error
-from .prompting import message_text, render_chat
+from .prompting import message_text, render_chat, skip_tools, tool_output_text
 from .runner import Generation, Sampling, start
 from .schemas import CountTokensRequest, MessagesRequest, stop_list
 from .sse import event_stream, sse
 
 router = APIRouter()
+# `thinking.type` -> the chat template's thinking switch (None: the template's default)
+THINKING = {"enabled": True, "adaptive": True, "disabled": False}
 
 
 def _tool_result(block, where: str) -> dict:
     content = block.content
     if isinstance(content, list):
-        content = message_text(content, f"{where}.content")
+        content = tool_output_text(content)
     return {
         "role": "tool",
         "tool_call_id": block.tool_use_id,
@@ -28,6 +30,9 @@ def _tool_result(block, where: str) -> dict:
 
 def _message(m, i: int) -> list[dict]:
     """One Anthropic message as chat-template messages (tool results become 'tool')."""
+    if m.role == "system":  # mid-conversation (Claude Code's beta); placed at render
+        text = message_text(m.content, f"messages[{i}].content")
+        return [{"role": "system", "content": text}]
     if isinstance(m.content, str):
         return [{"role": m.role, "content": m.content}]
     texts, calls, results = [], [], []
@@ -65,28 +70,34 @@ def chat_conversation(req: CountTokensRequest) -> tuple[list[dict], list[dict] |
         )
     for i, m in enumerate(req.messages):
         messages += _message(m, i)
-    tools = None
-    if req.tools:
-        tools = [
-            {
-                "type": "function",
-                "function": {
-                    "name": t.name,
-                    "description": t.description or "",
-                    "parameters": t.input_schema or {"type": "object"},
-                },
-            }
-            for t in req.tools
-        ]
-    return messages, tools
+    return messages, function_tools(req.tools)
+
+
+def function_tools(tools) -> list[dict] | None:
+    """Custom tools as chat-template function tools; Anthropic's built-in (server or
+    client) tools, which the model has no schema for, are left out with a log line."""
+    custom = [t for t in tools or [] if t.type in (None, "custom")]
+    skip_tools(t.type for t in tools or [] if t not in custom)
+    out = [
+        {
+            "type": "function",
+            "function": {
+                "name": t.name,
+                "description": t.description or "",
+                "parameters": t.input_schema or {"type": "object"},
+            },
+        }
+        for t in custom
+    ]
+    return out or None
 
 
 def _render(state, req: CountTokensRequest):
     messages, tools = chat_conversation(req)
     kwargs = {}
-    kind = (req.thinking or {}).get("type")
-    if kind in ("enabled", "disabled"):
-        kwargs["enable_thinking"] = kind == "enabled"
+    thinking = THINKING.get(str((req.thinking or {}).get("type")))
+    if thinking is not None:
+        kwargs["enable_thinking"] = thinking
     ids, initial = render_chat(state.tokenizer, messages, tools, kwargs)
     return ids, initial, tools
 
@@ -109,13 +120,17 @@ def stop_reason(gen: Generation) -> str:
     return "tool_use" if gen.text.made_tool_call else "end_turn"
 
 
-def _usage(gen: Generation) -> dict:
+def _usage(gen: Generation, output_tokens: int | None = None) -> dict:
+    """Usage as Anthropic reports it: `input_tokens` are the uncached prompt tokens,
+    `cache_read_input_tokens` those served from the prompt cache."""
     s = gen.stats
     return {
         "input_tokens": s.prompt_tokens - s.cached_tokens,
-        "cache_read_input_tokens": s.cached_tokens,
         "cache_creation_input_tokens": 0,
-        "output_tokens": gen.completion_tokens,
+        "cache_read_input_tokens": s.cached_tokens,
+        "output_tokens": gen.completion_tokens
+        if output_tokens is None
+        else output_tokens,
     }
 
 
@@ -123,7 +138,7 @@ def _usage(gen: Generation) -> dict:
 async def count_tokens(request: Request):
     state = request.app.state.server
     req = await read_request(request, CountTokensRequest)
-    state.check_model(req.model)
+    state.config.served_model(req.model)
     ids, _, _ = _render(state, req)
     return {"input_tokens": len(ids)}
 
@@ -132,7 +147,7 @@ async def count_tokens(request: Request):
 async def messages(request: Request):
     state = request.app.state.server
     req = await read_request(request, MessagesRequest)
-    state.check_model(req.model)
+    model = state.config.served_model(req.model)
     ids, initial, tools = _render(state, req)
     sampling = Sampling(
         max_tokens=req.max_tokens,
@@ -146,10 +161,10 @@ async def messages(request: Request):
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",
         "role": "assistant",
-        "model": req.model or state.config.model_id,
+        "model": model,
     }
     if req.stream:
-        return event_stream(_events(gen, head, len(ids)))
+        return event_stream(_events(gen, head))
     d = await gen.collect(request.is_disconnected)
     content = []
     if d.reasoning:
@@ -208,18 +223,21 @@ class _Blocks:
         return out + [sse(event, "content_block_delta")]
 
 
-async def _events(gen: Generation, head: dict, prompt_tokens: int):
-    start_usage = {"input_tokens": prompt_tokens, "output_tokens": 0}
+def _message_start(gen: Generation, head: dict) -> list[str]:
     message = {**head, "content": [], "stop_reason": None, "stop_sequence": None}
-    yield sse(
-        {"type": "message_start", "message": {**message, "usage": start_usage}},
-        "message_start",
-    )
-    yield sse({"type": "ping"}, "ping")
+    start = {"type": "message_start", "message": {**message, "usage": _usage(gen, 0)}}
+    return [sse(start, "message_start"), sse({"type": "ping"}, "ping")]
+
+
+async def _events(gen: Generation, head: dict):
+    # message_start waits for the prefill, so its usage splits cached and uncached
+    # prompt tokens as message_delta's does
+    started = False
     blocks = _Blocks()
     try:
         async for d in gen.deltas():
-            events = []
+            events = [] if started else _message_start(gen, head)
+            started = True
             if d.reasoning:
                 delta = {"type": "thinking_delta", "thinking": d.reasoning}
                 events += blocks.delta("thinking", delta)
@@ -238,7 +256,7 @@ async def _events(gen: Generation, head: dict, prompt_tokens: int):
     except ApiError as e:
         yield sse(anthropic_error(e), "error")
         return
-    for event in blocks.close():
+    for event in ([] if started else _message_start(gen, head)) + blocks.close():
         yield event
     end = {"stop_reason": stop_reason(gen), "stop_sequence": gen.stop_sequence}
     yield sse(

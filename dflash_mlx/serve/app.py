@@ -14,7 +14,7 @@ ENDPOINTS = {
     "/v1/messages/count_tokens": "count_tokens",
     "/v1/responses": "responses",
 }
-OPEN_PATHS = ("/health",)
+OPEN_PATHS = ("/", "/health")
 
 
 def endpoint_name(path: str) -> str:
@@ -93,6 +93,10 @@ def _add_error_handlers(app, state):
 
 def _add_service_routes(app, state):
     from fastapi.responses import Response
+
+    @app.api_route("/", methods=["GET", "HEAD"])
+    async def root():  # clients probe it (Claude Code sends HEAD / first)
+        return {"status": "ok", "api": "/v1"}
 
     @app.get("/health")
     async def health():

@@ -2,14 +2,17 @@
 
 from dataclasses import dataclass
 
+from .errors import ApiError
+
 
 @dataclass(frozen=True)
 class ServeConfig:
     model_id: str  # the name /v1/models lists and requests use
     draft_id: str | None = None
     aliases: tuple[str, ...] = ()  # other model names requests may use
+    strict_model_name: bool = False  # a name not served is a 404 (else: served anyway)
     block_size: int | str = "auto"
-    max_tokens: int = 4096  # cap per request, and the default when none is given
+    max_tokens: int = 4096  # cap per request (larger asks are clamped), and the default
     temperature: float = 0.0  # defaults for requests that give no sampling values
     top_p: float = 1.0
     top_k: int = 0
@@ -28,3 +31,23 @@ class ServeConfig:
             raise ValueError(
                 f"max_body_bytes must be at least 1024, got {self.max_body_bytes}."
             )
+
+    def served_model(self, name: str | None) -> str:
+        """The model id a request for `name` is answered by. Agents send their own
+        model names (Claude Code its `claude-...` default), so any name gets the one
+        model; with `strict_model_name`, a name not served is a 404."""
+        if (
+            not self.strict_model_name
+            or name is None
+            or name == self.model_id
+            or name in self.aliases
+        ):
+            return self.model_id
+        raise ApiError(
+            404,
+            f"The model '{name}' does not exist here: this server serves "
+            f"'{self.model_id}' (GET /v1/models) and was started with "
+            "--strict-model-name.",
+            param="model",
+            code="model_not_found",
+        )

@@ -114,8 +114,12 @@ def _sampling(req, logprobs: int) -> Sampling:
 async def chat_completions(request: Request):
     state = request.app.state.server
     req = await read_request(request, ChatCompletionRequest)
-    state.check_model(req.model)
+    model = state.config.served_model(req.model)
     template_kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort is not None:
+        template_kwargs.setdefault(
+            "enable_thinking", req.reasoning_effort not in ("none", "minimal")
+        )
     if req.enable_thinking is not None:
         template_kwargs["enable_thinking"] = req.enable_thinking
     tools = tool_specs(req.tools)
@@ -125,7 +129,7 @@ async def chat_completions(request: Request):
     top = req.top_logprobs or 0
     sampling = _sampling(req, max(top, 1) if req.logprobs else 0)
     gen = start(state, ids, sampling, "chat", tools=tools, initial_state=initial)
-    head = _head("chatcmpl", req.model or state.config.model_id, "chat.completion")
+    head = _head("chatcmpl", model, "chat.completion")
     if req.stream:
         return event_stream(_chat_chunks(gen, head, req, state.tokenizer))
     delta = await gen.collect(request.is_disconnected)
@@ -214,14 +218,14 @@ def completion_logprobs(tokenizer, entries, offset: int = 0) -> dict:
 async def completions(request: Request):
     state = request.app.state.server
     req = await read_request(request, CompletionRequest)
-    state.check_model(req.model)
+    model = state.config.served_model(req.model)
     if req.echo:
         raise ApiError(
             400, "'echo' is not supported: leave it out or send false.", param="echo"
         )
     ids = completion_prompt(state.tokenizer, req.prompt, state.target.vocab_size)
     gen = start(state, ids, _sampling(req, req.logprobs or 0), "completions", raw=True)
-    head = _head("cmpl", req.model or state.config.model_id, "text_completion")
+    head = _head("cmpl", model, "text_completion")
     if req.stream:
         return event_stream(_completion_chunks(gen, head, req, state.tokenizer))
     delta = await gen.collect(request.is_disconnected)

@@ -2,8 +2,21 @@
 (tools and the thinking switch included), raw completion prompts as they are."""
 
 import json
+import logging
 
 from .errors import ApiError
+
+log = logging.getLogger("dflash_mlx.serve")
+
+
+TEXT_PARTS = ("text", "input_text", "output_text")
+
+
+def _part(part) -> tuple[str | None, str | None]:
+    """(type, text) of a content part, a dict or a parsed block."""
+    if isinstance(part, dict):
+        return part.get("type"), part.get("text")
+    return getattr(part, "type", None), getattr(part, "text", None)
 
 
 def message_text(content, where: str) -> str:
@@ -14,15 +27,28 @@ def message_text(content, where: str) -> str:
         return content
     texts = []
     for j, part in enumerate(content):
-        kind = part.type if hasattr(part, "type") else part.get("type")
-        text = part.text if hasattr(part, "text") else part.get("text")
-        if kind not in ("text", "input_text", "output_text") or text is None:
+        kind, text = _part(part)
+        if kind not in TEXT_PARTS or not isinstance(text, str):
             raise ApiError(
                 400,
                 f"{where}[{j}] is a '{kind}' part: this server runs a text model, "
                 "send text parts only.",
                 param=f"{where}[{j}]",
             )
+        texts.append(text)
+    return "".join(texts)
+
+
+def tool_output_text(content) -> str:
+    """A tool result as text. The client, not the user, chose its parts, so a part
+    a text model cannot read (an image) becomes a note instead of an error."""
+    if content is None or isinstance(content, str):
+        return content or ""
+    texts = []
+    for part in content:
+        kind, text = _part(part)
+        if kind not in TEXT_PARTS or not isinstance(text, str):
+            text = f"[{kind} omitted: this model reads text only]"
         texts.append(text)
     return "".join(texts)
 
@@ -44,10 +70,12 @@ def chat_messages(messages) -> list[dict]:
     """OpenAI chat messages as the dicts chat templates expect."""
     out = []
     for i, m in enumerate(messages):
-        msg = {
-            "role": "system" if m.role == "developer" else m.role,
-            "content": message_text(m.content, f"messages[{i}].content"),
-        }
+        text = (
+            tool_output_text(m.content)
+            if m.role == "tool"
+            else message_text(m.content, f"messages[{i}].content")
+        )
+        msg = {"role": "system" if m.role == "developer" else m.role, "content": text}
         if m.name:
             msg["name"] = m.name
         if m.tool_call_id:
@@ -98,14 +126,18 @@ def render_chat(
         from ..conversation import render  # "Role: content" paragraphs, as the chat
 
         return tokenizer.encode(render(tokenizer, messages)), "normal"
-    try:
-        text = tokenizer.apply_chat_template(
-            messages,
+
+    def apply(msgs):
+        return tokenizer.apply_chat_template(
+            msgs,
             tools=tools or None,
             add_generation_prompt=True,
             tokenize=False,
             **(template_kwargs or {}),
         )
+
+    try:
+        text = place_system_messages(messages, apply)
     except Exception as e:  # jinja raises its own errors for messages it rejects
         raise ApiError(
             400,
@@ -143,8 +175,38 @@ def completion_prompt(tokenizer, prompt, vocab_size: int) -> list[int]:
     return list(prompt)
 
 
+def skip_tools(kinds) -> None:
+    """One log line for the built-in tools (web search, computer use...) a request
+    declares: the model cannot run them, so they are left out, not refused."""
+    kinds = sorted({str(k) for k in kinds})
+    if kinds:
+        log.warning("ignoring tools this server cannot run: %s", ", ".join(kinds))
+
+
 def tool_specs(tools) -> list[dict] | None:
     """OpenAI function tools as the dicts chat templates render."""
-    if not tools:
-        return None
-    return [t.model_dump(exclude_none=True) for t in tools]
+    functions = [t for t in tools or [] if t.type == "function" and t.function]
+    skip_tools(t.type for t in tools or [] if t not in functions)
+    return [t.model_dump(exclude_none=True) for t in functions] or None
+
+
+def place_system_messages(messages: list[dict], apply) -> str:
+    """The rendered prompt, with system messages where the chat template takes them.
+
+    Agents send system messages mid-conversation (Claude Code's reminders, a late
+    OpenAI `developer` message). Rendered in place when `apply` (the chat template)
+    accepts them and keeps their text; otherwise all system messages are folded, in
+    order, into one leading system prompt (templates that raise on a late system
+    message, or drop it)."""
+    systems = [i for i, m in enumerate(messages) if m["role"] == "system"]
+    if not systems or systems == [0]:
+        return apply(messages)
+    try:
+        text = apply(messages)
+        if all(messages[i]["content"].strip() in text for i in systems):
+            return text
+    except Exception:  # e.g. "System message must be at the beginning."
+        pass
+    folded = "\n\n".join(messages[i]["content"] for i in systems)
+    rest = [m for m in messages if m["role"] != "system"]
+    return apply([{"role": "system", "content": folded}, *rest])

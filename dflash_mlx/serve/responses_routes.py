@@ -1,5 +1,5 @@
 """OpenAI Responses wire format, stateless: POST /v1/responses (text, reasoning and
-function calls; no stored responses, no built-in tools)."""
+function calls; no stored responses; built-in tools are left out)."""
 
 import json
 import time
@@ -10,7 +10,7 @@ from fastapi import APIRouter, Request
 
 from .bodies import read_request
 from .errors import ApiError
-from .prompting import message_text, render_chat
+from .prompting import message_text, render_chat, skip_tools, tool_output_text
 from .runner import Generation, Sampling, start
 from .schemas import ResponsesRequest
 from .sse import event_stream, sse
@@ -52,11 +52,14 @@ def _item_messages(item: dict, i: int, messages: list[dict]):
             messages.append(last)
         last.setdefault("tool_calls", []).append(call)
     elif kind == "function_call_output":
+        output = item.get("output")
         messages.append(
             {
                 "role": "tool",
                 "tool_call_id": item.get("call_id"),
-                "content": str(item.get("output", "")),
+                "content": tool_output_text(output)
+                if isinstance(output, list | str | None)
+                else json.dumps(output),
             }
         )
     elif kind != "reasoning":
@@ -68,8 +71,33 @@ def _item_messages(item: dict, i: int, messages: list[dict]):
         )
 
 
-def conversation(req: ResponsesRequest) -> tuple[list[dict], list[dict] | None]:
-    """(messages, function tools) for the chat template."""
+def function_tools(tools: list[dict] | None) -> tuple[list[dict] | None, dict]:
+    """(function tools for the chat template, function name -> its namespace).
+
+    Function tools, and those inside `namespace` entries (Codex groups its agent tools
+    so), reach the model; built-in tools (web_search, file_search, computer use, a
+    namespace with no functions...) are left out with a log line."""
+    out, namespaces, skipped = [], {}, []
+    for tool in tools or []:
+        kind = tool.get("type")
+        inner = tool.get("tools") if kind == "namespace" else None
+        found = [tool] if kind == "function" else inner or []
+        found = [t for t in found if t.get("type") == "function" and t.get("name")]
+        if not found:
+            skipped.append(kind if kind != "namespace" else "empty namespace")
+        for t in found:
+            keys = ("name", "description", "parameters")
+            out.append(
+                {"type": "function", "function": {k: t[k] for k in keys if k in t}}
+            )
+            if inner is not None:
+                namespaces[t["name"]] = tool.get("name")
+    skip_tools(skipped)
+    return out or None, namespaces
+
+
+def conversation(req: ResponsesRequest) -> list[dict]:
+    """The messages for the chat template."""
     if req.previous_response_id:
         raise ApiError(
             400,
@@ -92,26 +120,17 @@ def conversation(req: ResponsesRequest) -> tuple[list[dict], list[dict] | None]:
                     f"input[{i}] is malformed: check its fields.",
                     param=f"input[{i}]",
                 ) from None
-    tools = [
-        {
-            "type": "function",
-            "function": {
-                k: t[k] for k in ("name", "description", "parameters") if k in t
-            },
-        }
-        for t in req.tools or []
-        if t.get("type") == "function" and "name" in t
-    ]
-    return messages, tools or None
+    return messages
 
 
 class _Output:
     """The response's output items, built and announced as deltas arrive."""
 
-    def __init__(self):
+    def __init__(self, namespaces: dict | None = None):
         self.items: list[dict] = []
         self.open_kind: str | None = None
         self.seq = 0
+        self.namespaces = namespaces or {}  # function name -> its namespace
 
     def event(self, kind: str, **fields) -> str:
         self.seq += 1
@@ -185,6 +204,8 @@ class _Output:
             "arguments": "",
             "status": "in_progress",
         }
+        if call["name"] in self.namespaces:
+            item["namespace"] = self.namespaces[call["name"]]
         out = self._add(item)
         self.open_kind = "function_call"
         item["arguments"] = args
@@ -262,8 +283,9 @@ def _response(gen: Generation | None, head: dict, items: list[dict]) -> dict:
 async def responses(request: Request):
     state = request.app.state.server
     req = await read_request(request, ResponsesRequest)
-    state.check_model(req.model)
-    messages, tools = conversation(req)
+    model = state.config.served_model(req.model)
+    messages = conversation(req)
+    tools, namespaces = function_tools(req.tools)
     kwargs = {}
     effort = (req.reasoning or {}).get("effort")
     if effort is not None:
@@ -277,7 +299,7 @@ async def responses(request: Request):
         "id": _new_id("resp"),
         "object": "response",
         "created_at": int(time.time()),
-        "model": req.model or state.config.model_id,
+        "model": model,
         "error": None,
         "incomplete_details": None,
         "instructions": req.instructions,
@@ -292,8 +314,8 @@ async def responses(request: Request):
         "tools": req.tools or [],
     }
     if req.stream:
-        return event_stream(_events(gen, head))
-    output = _Output()
+        return event_stream(_events(gen, head, namespaces))
+    output = _Output(namespaces)
     d = await gen.collect(request.is_disconnected)
     if d.reasoning:
         output.text("reasoning", d.reasoning)
@@ -305,8 +327,8 @@ async def responses(request: Request):
     return _response(gen, head, output.items)
 
 
-async def _events(gen: Generation, head: dict):
-    output = _Output()
+async def _events(gen: Generation, head: dict, namespaces: dict):
+    output = _Output(namespaces)
     yield output.event("response.created", response=_response(None, head, []))
     yield output.event("response.in_progress", response=_response(None, head, []))
     try:

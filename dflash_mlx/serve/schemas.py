@@ -49,8 +49,8 @@ class FunctionSpec(_Body):
 
 
 class ToolSpec(_Body):
-    type: Literal["function"] = "function"
-    function: FunctionSpec
+    type: str = "function"
+    function: FunctionSpec | None = None  # built-in tools (web_search...) have none
 
 
 class StreamOptions(_Body):
@@ -115,6 +115,7 @@ class ChatCompletionRequest(SamplingBody):
     tool_choice: Any = None
     chat_template_kwargs: dict | None = None
     enable_thinking: bool | None = None
+    reasoning_effort: str | None = None  # "none"/"minimal": thinking off
 
 
 class CompletionRequest(SamplingBody):
@@ -136,11 +137,12 @@ class AnthropicBlock(_Body):
 
 
 class AnthropicMessage(_Body):
-    role: Literal["user", "assistant"]
+    role: Literal["user", "assistant", "system"]  # system: mid-conversation (beta)
     content: str | list[AnthropicBlock]
 
 
 class AnthropicTool(_Body):
+    type: str | None = None  # None or "custom"; others are Anthropic's built-in tools
     name: str
     description: str | None = None
     input_schema: dict | None = None
@@ -158,7 +160,7 @@ class CountTokensRequest(_Body):
 
 
 class MessagesRequest(CountTokensRequest):
-    max_tokens: int = Field(ge=1)
+    max_tokens: int = Field(ge=1)  # above the server's cap: clamped to it
     temperature: float | None = Field(None, ge=0, le=1)
     top_p: float | None = Field(None, ge=0, le=1)
     top_k: int | None = Field(None, ge=0)
