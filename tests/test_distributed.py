@@ -22,7 +22,10 @@ BLOCK_SIZES = [1, 4, 8, 16, "auto"]
 # drafters that accept partly (every block size), fully, not at all, and a random one
 RUNS = [("partial", b) for b in BLOCK_SIZES]
 RUNS += [("full", 16), ("full", "auto"), ("none", 8), ("random", "auto")]
-TENSOR = ["llama", "qwen3", "qwen3_5", "qwen3_moe", "gpt_oss", "deepseek_v3", "minimax"]
+TENSOR = [
+    "llama", "qwen3", "qwen3_5", "qwen3_moe", "gpt_oss", "deepseek_v3", "minimax",
+    "glm_moe_dsa",
+]  # fmt: skip
 PIPELINE = ["qwen3_5", "qwen3_next", "deepseek_v3"]
 
 

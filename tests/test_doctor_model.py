@@ -122,3 +122,32 @@ def test_rendered_report_and_builtin_drafter(tmp_path):
         assert field in out
     out = _doctor("--model", str(_header_only(tmp_path / "g.gguf", "gemma4")))
     assert "Why not" in out and "gemma4" in out and "fix:" in out
+
+
+@pytest.mark.parametrize(
+    "name, family, drafter",
+    [
+        ("gemma-4-31b-it-4bit", "gemma4", "z-lab/gemma-4-31B-it-DFlash"),
+        ("gemma-4-26b-a4b-it-8bit", "gemma4", "z-lab/gemma-4-26B-A4B-it-DFlash"),
+        ("Muse-Glimmer-30B-4bit", "muse_glimmer", "z-lab/Muse-Glimmer-30B-DFlash2"),
+        ("Qwen3.8-27B-4bit", "qwen3_5", "z-lab/Qwen3.8-27B-DFlash2"),
+    ],
+)
+def test_newer_registry_targets_load_with_their_drafter(
+    tmp_path, name, family, drafter
+):
+    m = _check(tiny.make_target(tmp_path / name, family))
+    assert m["loads"] and m["supported"] and m["family"] == family
+    assert m["drafter"] == drafter
+
+
+def test_a_gemma4_hub_id_names_its_drafter_before_download(tmp_path, monkeypatch):
+    import huggingface_hub.constants
+
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    m = _check("mlx-community/gemma-4-31b-it-4bit")
+    assert m["drafter"] == "z-lab/gemma-4-31B-it-DFlash"
+    assert (
+        not m["loads"]
+        and "hf download mlx-community/gemma-4-31b-it-4bit" in (m["reason"])
+    )

@@ -18,6 +18,8 @@ FAMILIES = [
     "deepseek_v3",
     "kimi_k25",
     "minimax",
+    "muse_glimmer",
+    "glm_moe_dsa",
 ]
 PROMPT = mx.array([[5, 17, 99, 3, 42, 42, 7, 250, 1, 64]])
 BLOCK = mx.array([[11, 12, 13, 14, 15, 16, 17, 18]])
@@ -28,7 +30,9 @@ def _states(cache):
     state."""
     out = []
     for c in cache:
-        if hasattr(c, "offset"):
+        if hasattr(c, "caches"):  # a CacheList (glm_moe_dsa: attention + indexer)
+            out += _states(c.caches)
+        elif hasattr(c, "offset"):
             n = c.offset
             out.append(("kv", n, [c.keys[..., :n, :], c.values[..., :n, :]]))
         else:

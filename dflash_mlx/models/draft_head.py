@@ -28,22 +28,29 @@ import numpy as np
 class DraftHead:
     """Head logits for drafted positions, and the way back to target token ids."""
 
-    def __init__(self, target, vocab: mx.array | None = None):
+    def __init__(self, target, vocab: mx.array | None = None, raw: bool = False):
         self.target = target
         self.vocab = vocab
         self.vocab_size = target.vocab_size
         self.rows = None if vocab is None else _as_linear(head_rows(target, vocab))
+        self.raw = raw  # leave out the target's multiplier and soft-cap
 
     @classmethod
     def for_drafter(cls, target, draft) -> "DraftHead":
-        return cls(target, getattr(draft, "draft_vocab", None))
+        """The head for `draft`: a drafter that sets its own output multiplier or
+        soft-cap gets the bare head (it applies its own), others the target's."""
+        args = draft.args
+        raw = args.output_multiplier != 1.0 or bool(args.final_logit_softcapping)
+        return cls(target, getattr(draft, "draft_vocab", None), raw)
 
     def __call__(self, hidden: mx.array) -> mx.array:
         """Logits over the draft vocabulary (the whole target vocabulary without
         one)."""
         if self.rows is None:
-            return self.target.logits(hidden)
-        return self.target.softcapped(self.target.kernels.linear(self.rows, hidden))
+            logits = self.target.head(hidden)
+        else:
+            logits = self.target.kernels.linear(self.rows, hidden)
+        return logits if self.raw else self.target.softcapped(logits)
 
     @cached_property
     def index(self) -> np.ndarray | None:

@@ -17,7 +17,8 @@ tests/test_target.py and tests/test_families.py):
   `__call__(inputs, cache=...)` iterates `self.layers` (or `pipeline_layers`) with one
   cache per layer and returns the final-normed hidden states;
 - the head: `lm_head` (gathered over `sharding_group` when sharded) or the tied
-  embedding's `as_linear`, then `final_logit_softcapping` where the model has it;
+  embedding's `as_linear`, then `final_logit_softcapping` where the model has it
+  (Muse Glimmer: `args.output_multiplier`, then `args.final_logit_softcapping`);
 - GatedDeltaNet mixers compute everything from children named `in_proj*` and keep
   `[conv state, recurrent state]` in an `ArraysCache`; attention caches are trimmable.
 The stand-ins are in taps.py. On the CPU, llama/qwen2/qwen3 blocks run through
@@ -54,6 +55,8 @@ SUPPORTED_MODEL_TYPES = (
     "deepseek_v3",
     "kimi_k25",
     "minimax",
+    "muse_glimmer",
+    "glm_moe_dsa",
 )
 
 
@@ -111,6 +114,16 @@ def _rollable(cache) -> bool:
     return cache is None or bool(getattr(cache, "is_trimmable", lambda: False)())
 
 
+def _head_transform(lm: nn.Module) -> tuple[float, float | None]:
+    """(multiplier, soft-cap) that the model applies to its head's output, in that
+    order: Gemma keeps the cap on the model, Muse Glimmer both in its args."""
+    cap = getattr(lm, "final_logit_softcapping", None)
+    if model_type(lm) != "muse_glimmer":
+        return 1.0, cap
+    args = lm.args
+    return float(args.output_multiplier), args.final_logit_softcapping
+
+
 def _stand_in(layer, index: int, recording: Recording, block=None, delta=None):
     """The tap for one layer (`block`: a CPU block standing in for it; `delta`: the
     kernels' `delta_forward` for recurrent mixers)."""
@@ -156,7 +169,7 @@ class Target:
         self._check_rollback()
         self.embed_tokens = self.inner.embed_tokens
         self.embed_scale = getattr(self.inner, "embed_scale", 1.0)
-        self.softcap = getattr(self.lm, "final_logit_softcapping", None)
+        self.logit_scale, self.softcap = _head_transform(self.lm)
 
     def _make_view(self) -> nn.Module:
         kernels = self.kernels
@@ -221,19 +234,26 @@ class Target:
 
     def logits(self, hidden: mx.array) -> mx.array:
         """The target's LM head on final-normed hidden states."""
+        return self.softcapped(self.head(hidden))
+
+    def head(self, hidden: mx.array) -> mx.array:
+        """The LM head's own output, before the family's multiplier and soft-cap."""
         head = getattr(self.lm, "lm_head", None)
         if head is None:
-            return self.softcapped(self.kernels.linear(self.embed_tokens, hidden))
+            return self.kernels.linear(self.embed_tokens, hidden)
         logits = self.kernels.linear(head, hidden)
         group = getattr(self.lm, "sharding_group", None)
         if group is not None:  # a sharded head holds a slice of the vocabulary
             from mlx_lm.models.base import gather_last_axis
 
             logits = gather_last_axis(logits, group)
-        return self.softcapped(logits)
+        return logits
 
     def softcapped(self, logits: mx.array) -> mx.array:
-        """The target's final logit soft-capping (identity for most families)."""
+        """The target's own transform of its head's output: Muse Glimmer's output
+        multiplier, then the final soft-capping (identity for most families)."""
+        if self.logit_scale != 1.0:
+            logits = logits * self.logit_scale
         if self.softcap:
             logits = mx.tanh(logits / self.softcap) * self.softcap
         return logits
@@ -282,3 +302,14 @@ class Target:
                 record.tap.replay(record, c, keep)
             elif c is not None:
                 c.trim(drop)
+
+    def rollback_rows(self, cache: list[Any], tape: list, keeps: list[int]):
+        """A batch's verify step (models/ragged.py): row b keeps the first keeps[b]
+        tokens it verified."""
+        records = iter(tape)
+        for c in cache:
+            if isinstance(c, ArraysCache):
+                record = next(records)
+                record.tap.replay_rows(record, c, keeps)
+            elif c is not None:
+                c.commit(keeps)
