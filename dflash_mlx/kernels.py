@@ -34,6 +34,26 @@ class WindowMask:
         return visible & (k <= keys - rows + t) if self.causal else visible
 
 
+@dataclass(frozen=True)
+class RaggedMask:
+    """The causal mask of a verify step over a batch of sequences of different
+    lengths: batch row b sees its first `visible[b]` keys, the last T of them its
+    block's (see models/ragged.py). Kernels that take it compute each row as if it
+    were alone."""
+
+    visible: tuple[int, ...]
+
+    def array(self, rows: int, keys: int) -> mx.array:
+        """The boolean (B, 1, rows, keys) mask it stands for (True: may attend)."""
+        k = mx.arange(keys)[None, None, None]
+        last = (
+            mx.array(self.visible)[:, None, None, None]
+            - rows
+            + mx.arange(rows)[None, None, :, None]
+        )
+        return k <= last
+
+
 def apply_linear(module: nn.Module, x: mx.array) -> mx.array:
     """`module(x)` for a linear layer; `module.as_linear(x)` for a (tied) embedding."""
     if isinstance(module, (nn.Embedding, nn.QuantizedEmbedding)):
@@ -52,7 +72,7 @@ class Kernels:
     swiglu: Callable[[mx.array, mx.array], mx.array]  # silu(gate) * up
     softmax: Callable[[mx.array], mx.array]  # over the last axis, in float32
     # (q, k, v, scale, mask) as for mx.fast.scaled_dot_product_attention; the mask
-    # may also be a WindowMask
+    # may also be a WindowMask or a RaggedMask
     attention: Callable[..., mx.array]
     # target blocks on cpu/blocks.py, qwen3_5 recurrent mixers on cpu/delta.py
     cpu_blocks: bool
@@ -84,7 +104,7 @@ class Kernels:
 
 
 def _mlx_attention(q, k, v, scale, mask=None):
-    if isinstance(mask, WindowMask):
+    if isinstance(mask, (WindowMask, RaggedMask)):
         mask = mask.array(q.shape[2], k.shape[2])
     return mx.fast.scaled_dot_product_attention(q, k, v, scale=scale, mask=mask)
 

@@ -11,7 +11,7 @@ change in mlx-lm's block fails there. Quantized KV caches go to mlx-lm's own blo
 
 import mlx.nn as nn
 
-from ..kernels import ForwardTables, Kernels, shared_rope
+from ..kernels import ForwardTables, Kernels, RaggedMask, shared_rope
 
 FAMILIES = ("llama", "qwen2", "qwen3")
 
@@ -43,7 +43,9 @@ class CpuBlock:
         kernels = self.kernels
         h = kernels.norm(layer.input_layernorm, x)
         B, L, _ = h.shape
-        table = self.tables.get(cache.offset, L)
+        # a batch of sequences (models/ragged.py): each row at its own position
+        positions = getattr(cache, "positions", None)
+        table = self.tables.get(cache.offset if positions is None else positions, L)
         linear = kernels.linear
         q = linear(attn.q_proj, h).reshape(B, L, attn.n_heads, -1)
         k = linear(attn.k_proj, h).reshape(B, L, attn.n_kv_heads, -1)
@@ -57,6 +59,8 @@ class CpuBlock:
             q = attn.rope(q.transpose(0, 2, 1, 3), offset=cache.offset)
             k = attn.rope(k.transpose(0, 2, 1, 3), offset=cache.offset)
         k, v = cache.update_and_fetch(k, v)
+        if positions is not None:
+            mask = RaggedMask(cache.visible(L))
         out = kernels.attention(q, k, v, attn.scale, mask)
         h = x + linear(attn.o_proj, out.transpose(0, 2, 1, 3).reshape(B, L, -1))
         y = kernels.norm(layer.post_attention_layernorm, h)

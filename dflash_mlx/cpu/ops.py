@@ -17,7 +17,7 @@ from functools import cache
 import mlx.core as mx
 import numpy as np
 
-from ..kernels import WindowMask
+from ..kernels import RaggedMask, WindowMask
 
 _LOG2E = 1.4426950408889634
 _LN2_HI = 0.693145751953125  # ln 2 split in two so n * ln2 stays exact (Cody-Waite)
@@ -75,24 +75,28 @@ def swiglu(gate: mx.array, up: mx.array) -> mx.array:
     return _swiglu(gate, up)
 
 
-def rope_table(dims: int, base: float, scale: float, offset: int, length: int):
+def rope_table(dims: int, base: float, scale: float, offset, length: int):
     """cos and sign-folded sin, (length, 1, dims), to rotate (B, length, H, dims)
     inputs at positions offset.. the way `mx.fast.rope(traditional=False)` does, in the
     same float32 steps. MLX's CPU rope rebuilds these in every call (~75 us, 60 calls
-    per forward of a 30-layer model); one table serves every layer of a forward."""
+    per forward of a 30-layer model); one table serves every layer of a forward.
+
+    `offset` may be one offset per row of a batch (a tuple): the tables are then
+    (B, length, 1, dims), each row's the same numbers as its own table."""
     half = dims // 2
     log_step = np.float32(np.log(np.float32(base))) / np.float32(half)
     inv_freq = mx.exp(
         mx.arange(0, -half, -1, dtype=mx.float32) * mx.array(float(log_step))
     )
-    positions = (mx.arange(length, dtype=mx.float32) + offset) * mx.array(
-        scale, mx.float32
-    )
-    angles = positions[:, None] * inv_freq
+    steps = mx.arange(length, dtype=mx.float32)
+    if isinstance(offset, tuple):
+        steps = steps[None] + mx.array(offset, mx.float32)[:, None]
+    else:
+        steps = steps + offset
+    angles = (steps * mx.array(scale, mx.float32))[..., None] * inv_freq
     cos, sin = mx.cos(angles), mx.sin(angles)
-    return mx.concatenate([cos, cos], -1)[:, None], mx.concatenate([-sin, sin], -1)[
-        :, None
-    ]
+    cos = mx.concatenate([cos, cos], -1)[..., None, :]
+    return cos, mx.concatenate([-sin, sin], -1)[..., None, :]
 
 
 def rope(x: mx.array, table) -> mx.array:
@@ -121,13 +125,13 @@ def attention(
     k: mx.array,
     v: mx.array,
     scale: float,
-    mask: "mx.array | str | WindowMask | None" = None,
+    mask: "mx.array | str | WindowMask | RaggedMask | None" = None,
 ) -> mx.array:
     """Scaled dot-product attention of (B, H, T, D) queries over (B, Hkv, S, D) keys and
     values; `mask` as for `mx.fast.scaled_dot_product_attention` or a
     `kernels.WindowMask`. Ours takes None, "causal" or a boolean (T, S) mask (True = may
     attend) and hands anything else to MLX's kernel."""
-    if isinstance(mask, WindowMask):
+    if isinstance(mask, (WindowMask, RaggedMask)):
         mask = mask.array(q.shape[2], k.shape[2])
     return _attention(q, k, v, scale, mask)
 

@@ -132,3 +132,14 @@ class WindowedKVCache:
     @property
     def state(self):
         return [] if self.keys is None else [self.keys, self.values]
+
+    def kept(self) -> tuple:
+        """(keys, values) of the positions held now (None, None when empty)."""
+        if self.keys is None or self._size == 0:
+            return None, None
+        return self.keys[..., : self._size, :], self.values[..., : self._size, :]
+
+    def restore(self, keys, values, offset: int):
+        """Hold `keys`/`values`: the positions just before `offset`."""
+        self.keys, self.values, self.offset = keys, values, offset
+        self._size = 0 if keys is None else keys.shape[2]

@@ -116,6 +116,7 @@ class Model(v1.Model):
     """DFlash-2 drafter (architectures: DFlash2DraftModel)."""
 
     layer_class = DecoderLayer
+    argmax_proposals = False  # the candidate selector picks them in order
 
     def __init__(self, args: v1.ModelArgs):
         super().__init__(args)

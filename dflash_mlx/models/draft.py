@@ -171,11 +171,14 @@ class Attention(nn.Module):
     # the model's rotary tables, one per forward for all layers (Model.use_kernels)
     tables: ForwardTables | None = None
 
-    def _rotate(self, x, offset: int):
-        """(B, L, H, D) queries or keys at positions offset.. as (B, H, L, D) heads."""
+    def _rotate(self, x, offset):
+        """(B, L, H, D) queries or keys at positions offset.. as (B, H, L, D) heads
+        (`offset`: a tuple of one per row for a batch's caches)."""
         kernels = _inference(self)
         if kernels.rope is not None and self.tables is not None:
             return kernels.rope(x, self.tables.get(offset, x.shape[1]))
+        if isinstance(offset, tuple):
+            offset = mx.array(offset)
         return self.rope(x.transpose(0, 2, 1, 3), offset=offset)
 
     def _keys_values(self, x, offset):
@@ -189,13 +192,13 @@ class Attention(nn.Module):
     def absorb(self, ctx: mx.array, cache: KVCache):
         """Append the context's keys/values (at their absolute positions) to the
         cache."""
-        cache.update_and_fetch(*self._keys_values(ctx, cache.offset))
+        cache.update_and_fetch(*self._keys_values(ctx, _position(cache)))
         if isinstance(cache, WindowedKVCache):
             cache.evict()
 
     def __call__(self, x, mask, cache: KVCache):
         B, L, _ = x.shape
-        offset = cache.offset
+        offset = _position(cache)
         kernels = _inference(self)
         q = kernels.linear(self.q_proj, x).reshape(B, L, self.n_heads, -1)
         q = self._rotate(kernels.norm(self.q_norm, q), offset)
@@ -223,6 +226,11 @@ class DecoderLayer(nn.Module):
         return h + self.mlp(norm(self.post_attention_layernorm, h))
 
 
+def _position(cache):
+    """Where the next key goes: an int, or one per row for a batch's caches."""
+    return getattr(cache, "positions", None) or cache.offset
+
+
 def block_mask(block_len: int, context_len: int, window: int | None, causal: bool):
     """Mask of block queries over [context; block] keys: None when all keys are
     visible, "causal" when only the block is causal, else a `WindowMask` (query t at
@@ -237,6 +245,9 @@ class Model(nn.Module):
     """DFlash v1 drafter: fc + hidden_norm fuse target features; Qwen3-style layers."""
 
     layer_class = DecoderLayer
+    # greedy proposals are the argmax of each position's logits (a batch takes
+    # them for all its rows at once)
+    argmax_proposals = True
 
     def __init__(self, args: ModelArgs):
         super().__init__()
@@ -296,20 +307,25 @@ class Model(nn.Module):
             caches.append(KVCache() if window is None else WindowedKVCache(window))
         return caches
 
-    def absorb(self, features: mx.array, cache: list[KVCache]):
+    def absorb(self, features: mx.array, cache: list[KVCache], counts=None):
         """Feed fused target features of newly committed tokens into the context
-        cache."""
+        cache (a batch's caches: row b takes its first counts[b])."""
         kernels = _inference(self)
         ctx = kernels.linear(self.fc, features.astype(self.dtype))
         ctx = kernels.norm(self.hidden_norm, ctx)
         for layer, c in zip(self.layers, cache, strict=True):
             layer.self_attn.absorb(ctx, c)
+            if counts is not None:
+                c.commit(counts)
 
-    def _mask(self, layer_type: str, block_len: int, context_len: int):
+    def _mask(self, layer_type: str, block_len: int, cache):
         sliding = layer_type == "sliding_attention"
         causal = sliding if self.args.is_causal is None else bool(self.args.is_causal)
         window = self.args.sliding_window if sliding else None
-        return block_mask(block_len, context_len, window, causal)
+        if hasattr(cache, "block_mask"):  # a batch's caches: rows of many lengths
+            window = window or self.context_window
+            return cache.block_mask(block_len, causal, window)
+        return block_mask(block_len, cache.size(), window, causal)
 
     def __call__(self, block_embeddings: mx.array, cache: list[KVCache]) -> mx.array:
         """Hidden states (normed) for a block; the block's keys/values are not kept."""
@@ -319,7 +335,7 @@ class Model(nn.Module):
         for layer, c in zip(self.layers, cache, strict=True):
             key = (layer.layer_type, c.size())
             if key not in masks:
-                masks[key] = self._mask(layer.layer_type, L, c.size())
+                masks[key] = self._mask(layer.layer_type, L, c)
             h = layer(h, masks[key], c)
         for c in cache:
             c.trim(L)

@@ -84,8 +84,9 @@ class Projection:
     def __call__(self, x):
         replay = self.tap.replaying
         if replay is not None:
-            record, keep = replay
-            return record.projections[self.name][:, :keep]
+            record, rows, keep = replay
+            out = record.projections[self.name]
+            return (out if rows is None else out[rows])[:, :keep]
         out = self.module(x)
         if self.tap.record is not None:
             self.tap.record.projections[self.name] = out
@@ -125,11 +126,41 @@ class DeltaTap:
         if keep == 0:
             return
         mask = None if record.mask is None else record.mask[:, :keep]
-        self.replaying = (record, keep)
+        self.replaying = (record, None, keep)
         try:  # only the cache updates are evaluated: the output projection is skipped
             self.forward(record.inputs[:, :keep], mask, cache)
         finally:
             self.replaying = None
+
+    def replay_rows(self, record: DeltaRecord, cache: ArraysCache, keeps: list[int]):
+        """A batch's rollback: row b's state advanced over its first keeps[b] tokens.
+
+        Rows that keep the same count are replayed together, each exactly as `replay`
+        would replay it alone (same code, same count): rows that kept the whole block
+        already hold their state."""
+        tokens = record.inputs.shape[1]
+        groups: dict[int, list[int]] = {}
+        for row, keep in enumerate(keeps):
+            if keep < tokens:
+                groups.setdefault(keep, []).append(row)
+        if not groups:
+            return
+        states = list(cache.cache)
+        before = record.state[0]
+        for keep, rows in groups.items():
+            index = mx.array(rows)
+            part = ArraysCache(len(before))
+            part.cache = [None if a is None else a[index] for a in before]
+            if keep > 0:
+                self.replaying = (record, index, keep)
+                try:
+                    self.forward(record.inputs[index, :keep], None, part)
+                finally:
+                    self.replaying = None
+            for i, a in enumerate(part.cache):
+                if a is not None:
+                    states[i][index] = a
+        cache.cache = states
 
 
 def snapshot(cache: ArraysCache) -> tuple:

@@ -99,10 +99,12 @@ struct AttentionShape {
 
 // Rows [r0, r1) in (batch, kv head, head of its group, token) order, written to
 // the output (batch, tokens, heads, dim); rows of one kv head go together. Token t
-// sees keys from max(0, skip + t) on: a sliding window's start.
+// sees keys from max(0, skip + t) on: a sliding window's start. `visible` (or
+// null: all S) is each batch row's keys, its block's last: rows of a batch of
+// sequences of different lengths, each row computed as if it were alone.
 void attend_rows(const float* q, const float* k, const float* v, float* out,
                  const AttentionShape& s, float scale, bool causal, int skip,
-                 int r0, int r1) {
+                 const int* visible, int r0, int r1) {
   thread_local std::vector<float> scores;
   thread_local std::vector<const float*> queries;
   thread_local std::vector<float*> outputs;
@@ -114,6 +116,7 @@ void attend_rows(const float* q, const float* k, const float* v, float* out,
     const int head_of = r / per_head;
     const int end = std::min(r1, (head_of + 1) * per_head);
     const int b = head_of / s.kv_heads, kvh = head_of % s.kv_heads;
+    const int keys = visible ? visible[b] : s.keys;
     queries.clear();
     outputs.clear();
     firsts.clear();
@@ -124,7 +127,7 @@ void attend_rows(const float* q, const float* k, const float* v, float* out,
                         t * s.q_stride[2]);
       outputs.push_back(out + (((int64_t)b * s.tokens + t) * s.heads + h) * s.dim);
       firsts.push_back(std::max(0, skip + t));
-      ends.push_back(causal ? s.keys - s.tokens + t + 1 : s.keys);
+      ends.push_back(causal ? keys - s.tokens + t + 1 : keys);
     }
     kernel(queries.data(), outputs.data(), firsts.data(), ends.data(),
            (int)queries.size(),
@@ -150,22 +153,12 @@ AttentionShape attention_shape(const mx::array& q, const mx::array& k,
 
 bool attention_fits(int dim) { return head_kernel(dim) != nullptr; }
 
-mx::array block_attention(const mx::array& q, const mx::array& k,
-                          const mx::array& v, float scale, bool causal,
-                          int skip) {
-  const int T = q.ndim() == 4 ? q.shape(2) : 0;
-  const int S = k.ndim() == 4 ? k.shape(2) : 0;
-  if (q.ndim() != 4 || k.ndim() != 4 || v.shape() != k.shape() ||
-      q.shape(0) != k.shape(0) || q.shape(3) != k.shape(3) || k.shape(1) == 0 ||
-      q.shape(1) % k.shape(1) != 0 || (causal && T > S) ||
-      head_kernel(q.shape(3)) == nullptr ||
-      (causal ? skip > S - T : skip + T > S)) {
-    throw std::invalid_argument(
-        "block_attention: q (B, H, T, D), k and v (B, Hkv, S, D), H a multiple of "
-        "Hkv, T <= S when causal, D a power-of-two multiple of the vector width, "
-        "every query seeing a key (skip + t below its last visible key)");
-  }
-  auto run = [scale, causal, skip](const std::vector<mx::array>& in, mx::array& out) {
+namespace {
+
+mx::array attention_op(const mx::array& q, const mx::array& k, const mx::array& v,
+                       float scale, bool causal, int skip, std::vector<int> visible) {
+  auto run = [scale, causal, skip, visible](const std::vector<mx::array>& in,
+                                            mx::array& out) {
     const auto &q = in[0], &k = in[1], &v = in[2];
     std::vector<float> qs, ks, vs;
     AttentionShape s = attention_shape(q, k, v);
@@ -191,13 +184,55 @@ mx::array block_attention(const mx::array& q, const mx::array& k,
     float* o = out.data<float>();
     int rows = s.batch * s.heads * s.tokens;
     double work = (double)rows * s.keys * s.dim;
+    const int* seen = visible.empty() ? nullptr : visible.data();
     Workers::get().split(rows, 1, work >= PARALLEL_WORK, [&](int r0, int r1) {
-      attend_rows(qp, kp, vp, o, s, scale, causal, skip, r0, r1);
+      attend_rows(qp, kp, vp, o, s, scale, causal, skip, seen, r0, r1);
     });
   };
+  std::vector<float> params{scale, causal ? 1.0f : 0.0f, (float)skip};
+  for (int n : visible) params.push_back((float)n);
   mx::Shape shape{q.shape(0), q.shape(2), q.shape(1), q.shape(3)};
-  return kernel_output("BlockAttention", shape, run, {q, k, v},
-                       {scale, causal ? 1.0f : 0.0f, (float)skip});
+  return kernel_output("BlockAttention", shape, run, {q, k, v}, params);
+}
+
+bool attention_shapes_fit(const mx::array& q, const mx::array& k,
+                          const mx::array& v) {
+  return q.ndim() == 4 && k.ndim() == 4 && v.shape() == k.shape() &&
+         q.shape(0) == k.shape(0) && q.shape(3) == k.shape(3) && k.shape(1) != 0 &&
+         q.shape(1) % k.shape(1) == 0 && head_kernel(q.shape(3)) != nullptr;
+}
+
+}  // namespace
+
+mx::array block_attention(const mx::array& q, const mx::array& k,
+                          const mx::array& v, float scale, bool causal,
+                          int skip) {
+  const int T = q.ndim() == 4 ? q.shape(2) : 0;
+  const int S = k.ndim() == 4 ? k.shape(2) : 0;
+  if (!attention_shapes_fit(q, k, v) || (causal && T > S) ||
+      (causal ? skip > S - T : skip + T > S)) {
+    throw std::invalid_argument(
+        "block_attention: q (B, H, T, D), k and v (B, Hkv, S, D), H a multiple of "
+        "Hkv, T <= S when causal, D a power-of-two multiple of the vector width, "
+        "every query seeing a key (skip + t below its last visible key)");
+  }
+  return attention_op(q, k, v, scale, causal, skip, {});
+}
+
+mx::array ragged_attention(const mx::array& q, const mx::array& k,
+                           const mx::array& v, float scale,
+                           const std::vector<int>& visible) {
+  const int T = q.ndim() == 4 ? q.shape(2) : 0;
+  const int S = k.ndim() == 4 ? k.shape(2) : 0;
+  bool fits = attention_shapes_fit(q, k, v) && (int)visible.size() == q.shape(0);
+  for (int n : visible) fits = fits && T <= n && n <= S;
+  if (!fits) {
+    throw std::invalid_argument(
+        "ragged_attention: q (B, H, T, D), k and v (B, Hkv, S, D) as for "
+        "block_attention, and one count per batch row of the keys it sees (its "
+        "block's T last), between T and S");
+  }
+  return attention_op(q, k, v, scale, true, -(1 << 30), visible);
 }
 
 }  // namespace dflash

@@ -1,6 +1,7 @@
 // The Python module: the ops of ops.h, taking and returning MLX arrays (this
 // module joins MLX's nanobind domain, "mlx", at build time).
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/vector.h>
 
 #include "ops.h"
 #include "simd.h"
@@ -19,6 +20,10 @@ NB_MODULE(_dflash_native, m) {
         "Attention of (B, H, T, D) queries over (B, Hkv, S, D) keys and values "
         "(float32, CPU), causal over the last T keys or not, query t seeing keys "
         "from skip + t on (a sliding window; default: all): (B, T, H, D).");
+  m.def("ragged_attention", &dflash::ragged_attention, nb::arg("q"), nb::arg("k"),
+        nb::arg("v"), nb::arg("scale"), nb::arg("visible"),
+        "block_attention, causal, for a batch of sequences of different lengths: "
+        "row b sees its first visible[b] keys (its block's T last): (B, T, H, D).");
   m.def("attention_fits", &dflash::attention_fits, nb::arg("dim"),
         "Whether block_attention takes heads of this size (a power-of-two "
         "multiple of the vector width).");

@@ -5,7 +5,7 @@ anything else to the kernel it stands in for."""
 import mlx.core as mx
 import mlx.nn as nn
 
-from ...kernels import WindowMask, apply_linear
+from ...kernels import RaggedMask, WindowMask, apply_linear
 from .. import ops as cpu_ops
 from . import load
 
@@ -59,17 +59,19 @@ def rope(x: mx.array, table) -> mx.array:
 def attention(q, k, v, scale: float, mask=None) -> mx.array:
     """`cpu.ops.attention` (same arguments, (B, H, T, D) out), on `block_attention`
     for float32 blocks of at most MAX_TOKENS queries with no mask, a causal one or a
-    `WindowMask`."""
+    `WindowMask`, or a batch's `RaggedMask` (`ragged_attention`)."""
     kernels = _kernels()
     causal = isinstance(mask, str) and mask == "causal"
     if (
         q.shape[2] > MAX_TOKENS
-        or not (mask is None or causal or isinstance(mask, WindowMask))
+        or not (mask is None or causal or isinstance(mask, (WindowMask, RaggedMask)))
         or not kernels.attention_fits(q.shape[-1])
         or not all(a.dtype == mx.float32 for a in (q, k, v))
     ):
         return cpu_ops.attention(q, k, v, scale, mask)
-    if isinstance(mask, WindowMask):
+    if isinstance(mask, RaggedMask):
+        out = kernels.ragged_attention(q, k, v, scale, list(mask.visible))
+    elif isinstance(mask, WindowMask):
         out = kernels.block_attention(q, k, v, scale, mask.causal, mask.skip)
     else:
         out = kernels.block_attention(q, k, v, scale, causal)
@@ -86,8 +88,9 @@ WEIGHT_TYPES = (mx.float32, mx.float16, mx.bfloat16)
 
 
 def _applies(x: mx.array, weight: mx.array) -> bool:
-    """float32 inputs of at most MAX_TOKENS tokens, float32 or half weights."""
-    tokens = x.size // max(x.shape[-1], 1)
+    """float32 inputs of at most MAX_TOKENS tokens a sequence (the rows of a batch's
+    verify step are its sequences' blocks), float32 or half weights."""
+    tokens = x.shape[-2] if x.ndim >= 3 else x.size // max(x.shape[-1], 1)
     return (
         x.dtype == mx.float32 and weight.dtype in WEIGHT_TYPES and tokens <= MAX_TOKENS
     )
