@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 from . import validate
+from .engine.lookup import LookupIndex
 from .engine.loop import Block, TokenLogprobs, as_target, generate_blocks
 from .engine.policy import AdaptiveBlockSize, FixedBlockSize
 from .models.cache import PromptCache
@@ -30,22 +31,30 @@ class GenerationResponse:
     generation_tps: float
     peak_memory: float  # GB
     finish_reason: str | None = None
-    from_draft: int = 0  # leading tokens of `tokens` that were drafted
+    from_draft: int = 0  # leading tokens of `tokens` that were proposed (drafted or
+    # copied) and accepted
     block_size: int = 1  # tokens the target verified for this block
     reused_tokens: int = 0  # prompt tokens served from the prompt cache
     # per token, with stream_generate(logprobs=k)
     logprobs: list[TokenLogprobs] | None = None
     # the text of each of `tokens` (a stop token's is ''); joined, they are `text`
     token_texts: list[str] = field(default_factory=list)
+    # what proposed this block's verified tokens: "draft" (the drafter), "lookup" (a
+    # copy from the prompt or answer), "splice" (a copy, then drafts); None for plain
+    # decoding and the first token
+    source: str | None = None
 
     @property
     def token(self) -> int | None:
         return self.tokens[-1] if self.tokens else None
 
 
-def _block_policy(block_size, draft):
-    """None: the drafter's block size; "auto": adaptive up to it; an int: that size."""
+def _block_policy(block_size, draft, lookup=None):
+    """None: the drafter's block size; "auto": adaptive up to it; an int: that size.
+    Without a drafter but with lookup, None is "auto" (plain decoding or a copy)."""
     largest = draft.args.block_size if draft is not None else 1
+    if block_size is None and draft is None and lookup not in (None, False):
+        return AdaptiveBlockSize(1)
     if block_size is None:
         return FixedBlockSize(largest)
     if block_size == "auto":
@@ -58,6 +67,29 @@ def _block_policy(block_size, draft):
     if note:
         warnings.warn(note, UserWarning, stacklevel=3)
     return FixedBlockSize(size)
+
+
+def lookup_index(lookup, policy, draft) -> LookupIndex | None:
+    """The index prompt lookup copies from, or None for no lookup.
+
+    None (the default): on where the policy weighs it block by block against the
+    drafter (an adaptive policy with a drafter), so it never costs more than a few
+    blocks; off for fixed block sizes and plain decoding. True: on (a fresh index of
+    the prompt). A `LookupIndex`: on, with that index (a chat keeps one across turns,
+    so the whole conversation is indexed once)."""
+    if lookup is None:
+        on = draft is not None and isinstance(policy, AdaptiveBlockSize)
+        return LookupIndex() if on else None
+    if isinstance(lookup, LookupIndex):
+        return lookup
+    if lookup is True:
+        return LookupIndex()
+    if lookup is False:
+        return None
+    raise ValueError(
+        f"lookup must be True, False, None (automatic) or a LookupIndex, got "
+        f"{lookup!r}."
+    )
 
 
 def wrap_tokenizer(tokenizer):
@@ -105,6 +137,7 @@ def stream_generate(
     prompt_cache: PromptCache | None = None,
     seed: int | None = None,
     logprobs: int = 0,
+    lookup: "bool | LookupIndex | None" = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate from `prompt`, yielding one response per verified block.
 
@@ -119,12 +152,17 @@ def stream_generate(
     the target's seeded draw at its position; without a seed, rejection sampling).
     `logprobs` k >= 1: each response carries, per token, the target's log-probability of
     it and its k most likely tokens.
+    `lookup`: prompt lookup, proposals copied from the prompt and the answer so far
+    where the text repeats (see `lookup_index`: by default on with "auto", which
+    verifies a copy only where it beats the drafter's block); each response's `source`
+    says what proposed its tokens.
     """
     from mlx_lm.generate import generation_stream, wired_limit
 
     validate.max_tokens(max_tokens)
     params = SamplingParams(temperature, top_p, top_k, min_p)
-    policy = _block_policy(block_size, draft)
+    policy = _block_policy(block_size, draft, lookup)
+    index = lookup_index(lookup, policy, draft)
     target, tokenizer, ids, prompt_cache = _inputs(
         model, draft, tokenizer, prompt, prompt_cache
     )
@@ -146,6 +184,7 @@ def stream_generate(
             generation_stream,
             seed=seed,
             logprobs=logprobs,
+            lookup=index,
         )
         try:
             yield from _responses(blocks, ids, max_tokens, detokenizer, tic)
@@ -214,6 +253,7 @@ def _responses(blocks, ids, max_tokens, detokenizer, tic):
             reused_tokens=reused,
             logprobs=block.logprobs,
             token_texts=texts,
+            source=block.source,
         )
 
 

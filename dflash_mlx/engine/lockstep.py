@@ -8,6 +8,7 @@ both are broadcast from rank 0.
 import os
 
 from ..distributed import Group
+from .sources import Plan
 
 
 class Lockstep:
@@ -17,12 +18,19 @@ class Lockstep:
         self.policy, self.group = policy, group
         if hasattr(policy, "cut"):
             self.cut = self._cut
+        if hasattr(policy, "plan"):
+            self.plan = self._plan
 
     def next(self, limit: int | None = None) -> int:
         return self.group.broadcast([self.policy.next(limit=limit)])[0]
 
     def _cut(self, confidence: list) -> int:
         return self.group.broadcast([self.policy.cut(confidence)])[0]
+
+    def _plan(self, limit: int, copied: int, match: int = 0, drafter: bool = True):
+        # every rank holds the same history, so the same copy: all ask together
+        plan = self.policy.plan(limit, copied, match, drafter)
+        return Plan(*self.group.broadcast(list(plan)))
 
     def observe(self, *args, **kwargs):
         self.policy.observe(*args, **kwargs)

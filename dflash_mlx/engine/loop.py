@@ -16,11 +16,14 @@ Words in the engine, one meaning each:
 - `stop_at`: how many committed tokens to keep, up to and with the first stop token.
 - `reused`: prompt tokens the cache already held.
 - `unabsorbed`: features of committed tokens the drafter has not taken in yet; it takes
-  them in before its next draft, so blocks of 1 leave it idle.
+  them in before its next draft, so blocks of 1 and lookup blocks leave it idle.
+- `copy`: prompt lookup's proposal (lookup.py), ids that followed the history's last
+  n-gram where it occurred before; `plan`: the policy's choice of source for a block
+  (sources.py: the drafter's block, the copy, or a splice of the copy and the drafts).
 """
 
 import time
-from collections.abc import Callable, Generator, Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass
 from typing import Union, cast
 
@@ -30,16 +33,15 @@ from .. import validate
 from ..models.cache import PromptCache
 from ..models.draft_head import DraftHead
 from ..models.target import Target
-from ..sampling import SamplingParams, SeededNoise, perturbed, token_logprobs
-from .policy import AdaptiveBlockSize, FixedBlockSize
-from .verify import accept_greedy, accept_sampled
+from ..sampling import SamplingParams, SeededNoise, token_logprobs
+from .lookup import LookupIndex
+from .policy import MAX_LOOKUP, AdaptiveBlockSize, FixedBlockSize
+from .sources import DRAFT, LOOKUP, Plan
+from .step import Step, TokenLogprobs, accept, logprob_rows
 
 # Blocks whose features may wait for the drafter's next draft (memory stays bounded
 # through a long run of plain blocks; 16 tokens are one native product).
 MAX_UNABSORBED = 16
-
-# One committed token's log-probability under the target, and its top (id, logprob)s.
-TokenLogprobs = tuple[float, list[tuple[int, float]]]
 
 
 @dataclass
@@ -47,11 +49,14 @@ class Block:
     """Tokens committed by one verify step."""
 
     tokens: list[int]
-    from_draft: int  # how many of `tokens` (a prefix) were the drafter's proposals
+    from_draft: int  # how many of `tokens` (a prefix) were proposals (drafts, copies)
     block_size: int  # tokens the target verified in this step (`verified`)
     finished: bool = False  # ended on a stop token
     reused: int = 0  # prompt tokens served from the cache (first block only)
     logprobs: list[TokenLogprobs] | None = None  # one per token, when asked for
+    # what proposed the verified tokens: "draft", "lookup" or "splice" (the copy, then
+    # the drafter's drafts); None when nothing was (plain decoding, the prefill token)
+    source: str | None = None
 
 
 def as_target(model, draft) -> Target:
@@ -78,123 +83,6 @@ def _prefill(
     return target.logits(hidden[:, -1])[0]
 
 
-def _draft(
-    target: Target,
-    draft,
-    head: DraftHead,
-    cache: PromptCache,
-    block: mx.array,
-    params: SamplingParams,
-    noise: mx.array | None,
-):
-    """One drafter forward over [last, MASK...]: drafts (B-1,), their q (or None when
-    greedy), and the drafter's confidence per position (lazy).
-
-    The confidence is the top probability of each position's distribution, a function of
-    the distributions only: a cut that looked at the drawn tokens would bias which
-    proposals reach the verifier and break exact sampling (tests/test_sampling.py)."""
-    h = target.embed(block)
-    if draft.args.input_embedding_scale != 1.0:
-        h = h * draft.args.input_embedding_scale
-    h = draft(h, cache.draft)[0, 1:]
-    logits = draft.finalize_logits(head(h.astype(target.dtype)))
-    if noise is not None:  # the drafted positions; the draft vocabulary's columns
-        noise = noise[: logits.shape[0]]
-        noise = noise if head.vocab is None else noise[:, head.vocab]
-    tokens, q = draft.propose(h, logits, block[0, 0], params, noise)
-    probs = q if q is not None else draft.kernels.softmax(logits)
-    confidence = probs.max(axis=-1)
-    return (*head.to_target(tokens, q), confidence)
-
-
-def _accept(params: SamplingParams, drafts, draft_probs, logits: mx.array, noise):
-    """(accepted, emitted) for the verified drafts (None: no drafts, plain decoding).
-
-    With a seeded generation's `noise`, the target's draw at each position is the argmax
-    of its perturbed log-probabilities: drafts are accepted while they equal it."""
-    if noise is not None:
-        logits = perturbed(params.probs(logits), noise[: logits.shape[0]])
-    if drafts is None:
-        emitted = mx.argmax(logits, -1) if noise is not None else params.sample(logits)
-        return mx.array(0), emitted
-    if params.greedy or noise is not None:
-        return accept_greedy(drafts, logits)
-    if draft_probs is None:
-        raise ValueError("The drafter sampled its proposals without returning their q.")
-    return accept_sampled(drafts, draft_probs, params.probs(logits))
-
-
-class _Step:
-    """One drafted-and-verified block in flight (lazy until `resolve`).
-
-    With `keep_drafts` (the adaptive policy's `cut`), the drafts are evaluated first and
-    only the prefix it chooses from the drafter's confidences is verified: a second sync
-    per block, paid back where verifying fewer tokens is cheaper (CPUs). The choice
-    depends on the drafter alone, so greedy and sampled output stay exact.
-    """
-
-    def __init__(
-        self,
-        target: Target,
-        draft,
-        head: DraftHead | None,
-        cache: PromptCache,
-        last: int,
-        drafted: int,
-        params: SamplingParams,
-        mask_id: int,
-        keep_drafts: Callable[[list], int] | None = None,
-        seeded: SeededNoise | None = None,
-        top_logprobs: int = 0,
-    ):
-        self.drafted = drafted
-        noise = None  # the positions after `last`: drafts, then the target's rows
-        if seeded is not None and not params.greedy:
-            noise = seeded.at(len(cache.tokens) + 1, drafted, target.vocab_size)
-        self.tape: list | None = [] if target.recurrent else None
-        block = mx.array([[last] + [mask_id] * (drafted - 1)])
-        drafts = draft_probs = None
-        if drafted > 1 and head is not None:
-            drafts, draft_probs, confidence = _draft(
-                target, draft, head, cache, block, params, noise
-            )
-            if keep_drafts is not None:
-                mx.eval(drafts, confidence, draft_probs)
-                kept = keep_drafts(confidence.tolist())
-                drafts = drafts[:kept]
-                draft_probs = None if draft_probs is None else draft_probs[:kept]
-        self.verify_start = time.perf_counter()
-        if drafts is not None and drafts.shape[0] > 0:
-            proposed = drafts.astype(block.dtype)
-            verify_ids = mx.concatenate([block[0, :1], proposed])[None]
-        else:
-            drafts, verify_ids = None, block[:, :1]
-        self.verified = verify_ids.shape[1]
-        hidden, self.features = target(verify_ids, cache.target, self.tape)
-        logits = target.logits(hidden)[0]
-        accepted, emitted = _accept(params, drafts, draft_probs, logits, noise)
-        self.result = mx.concatenate([accepted[None].astype(emitted.dtype), emitted])
-        self.logprobs = None
-        if top_logprobs > 0:
-            self.logprobs = token_logprobs(logits, emitted, top_logprobs)
-        mx.async_eval(self.result, *(self.logprobs or ()))
-
-    def resolve(self) -> tuple[int, list[int], list[TokenLogprobs] | None]:
-        """Sync: (drafts accepted, committed tokens, their logprobs or None)."""
-        values = cast(list[int], self.result.tolist())
-        n = values[0] + 1
-        return values[0], values[1 : n + 1], _logprob_rows(self.logprobs, n)
-
-
-def _logprob_rows(arrays, n: int) -> list[TokenLogprobs] | None:
-    """The first `n` rows of `token_logprobs`' arrays as Python values."""
-    if arrays is None:
-        return None
-    chosen, ids, values = (a[:n].tolist() for a in arrays)
-    rows = zip(chosen, ids, values, strict=True)
-    return [(c, list(zip(i, v, strict=True))) for c, i, v in rows]
-
-
 def generate_blocks(
     target: Target,
     draft,
@@ -209,6 +97,7 @@ def generate_blocks(
     *,
     seed: int | None = None,
     logprobs: int = 0,
+    lookup: LookupIndex | None = None,
 ) -> Generator[Block, None, None]:
     """Yield committed blocks of token ids; the first block is the prefill's token.
 
@@ -220,7 +109,9 @@ def generate_blocks(
     on the seed and the prompt only, whatever the block sizes. Without one, the drafts
     are verified by rejection sampling with MLX's global generator (most accepted
     drafts). With `logprobs` k >= 1, each block carries the target's log-probabilities
-    of its tokens and top k.
+    of its tokens and top k. With `lookup` (a `LookupIndex`, synced here with the prompt
+    and extended with each committed token), a policy with `plan` may verify copies
+    from the history instead of, or ahead of, the drafter's drafts.
     """
     prompt = validate.token_ids(prompt, target.vocab_size)
     validate.max_tokens(max_tokens)
@@ -251,6 +142,7 @@ def generate_blocks(
             stream,
             None if seed is None else SeededNoise(seed),
             logprobs,
+            lookup,
         )
     finally:
         cache.release(owner)
@@ -269,11 +161,13 @@ def _blocks(
     stream: "mx.Stream | mx.ThreadLocalStream | None",
     seeded: SeededNoise | None,
     top_logprobs: int,
+    lookup: LookupIndex | None,
 ) -> Generator[Block, None, None]:
-    policy = FixedBlockSize(1) if draft is None else block_size
+    policy = FixedBlockSize(1) if draft is None and lookup is None else block_size
     if isinstance(policy, int):
         policy = FixedBlockSize(policy)
     run = _Run(target, draft, cache, params, policy, stop_tokens, seeded, top_logprobs)
+    run.lookup, run.plan = lookup, getattr(policy, "plan", None)
     budget = max_tokens if max_tokens >= 0 else float("inf")
     stream = stream or mx.default_stream(mx.default_device())
     with mx.stream(stream):
@@ -284,8 +178,7 @@ def _blocks(
         while True:
             if not pending.finished and n < budget:
                 with mx.stream(stream):
-                    drafted = policy.next(limit=int(min(budget - n, 1 << 30)))
-                    step = run.launch(last, drafted)
+                    step = run.launch(last, int(min(budget - n, 1 << 30)))
             handed_out = time.perf_counter()
             yield pending
             # the policy times this generation's own work: not the time the consumer
@@ -320,6 +213,8 @@ class _Run:
         self.keep_drafts = getattr(policy, "cut", None) if draft is not None else None
         # features of committed tokens the drafter has not absorbed yet (see `absorb`)
         self.unabsorbed: list[mx.array] = []
+        self.lookup: LookupIndex | None = None  # the history's index, when copying
+        self.plan = None  # the policy's `plan`, where it has one
 
     def prefill(self, prompt: Sequence[int], step: int) -> Block:
         """Feed the prompt (after the cached prefix); the first token as a Block."""
@@ -329,14 +224,17 @@ class _Run:
         noise = None  # the first token's position: just after the prompt
         if self.seeded is not None and not self.params.greedy:
             noise = self.seeded.at(len(cache.tokens), 1, target.vocab_size)
-        sampled = _accept(self.params, None, None, logits[None], noise)[1][0]
+        sampled = accept(self.params, None, None, logits[None], noise)[1][0]
         rows = None
         if self.top > 0:
-            rows = _logprob_rows(
+            rows = logprob_rows(
                 token_logprobs(logits[None], sampled[None], self.top), 1
             )
         first = cast(int, sampled.item())
         finished = first in self.stop_tokens
+        if self.lookup is not None:
+            self.lookup.sync(prompt)
+            self.lookup.extend([first])
         return Block([first], 0, 1, finished, reused=reused, logprobs=rows)
 
     def absorb(self):
@@ -348,24 +246,41 @@ class _Run:
             self.draft.absorb(features, self.cache.draft)
             self.unabsorbed.clear()
 
-    def launch(self, last: int, drafted: int) -> _Step:
-        if drafted > 1:
+    def launch(self, last: int, limit: int) -> Step:
+        """Plan the next block (at most `limit` tokens) and start it."""
+        plan, copy = self._plan(limit)
+        if plan.source != LOOKUP and plan.size > 1 and self.draft is not None:
             self.absorb()
-        return _Step(
-            self.target, self.draft, self.head, self.cache, last, drafted, self.params,
-            self.mask_id, self.keep_drafts, self.seeded, self.top,
-        )  # fmt: skip
+        step = Step(self, last, plan, copy)
+        step.match = self.lookup.match if copy and self.lookup is not None else 0
+        return step
 
-    def commit(self, step: _Step, last: int, room, clock: float, away: float):
+    def _plan(self, limit: int) -> tuple[Plan, list[int]]:
+        """The policy's plan, and lookup's copy when there is one: without one (or
+        without lookup) the policy's `next`, as plain DFlash asks it."""
+        index, copy = self.lookup, []
+        if index is not None and self.plan is not None and limit > 1:
+            cap = getattr(self.policy, "max_lookup", MAX_LOOKUP)
+            copy = index.propose(min(cap, limit - 1))
+        if not copy:
+            return Plan(DRAFT, self.policy.next(limit=limit)), []
+        assert index is not None and self.plan is not None
+        return self.plan(limit, len(copy), index.match, self.draft is not None), copy
+
+    def commit(self, step: Step, last: int, room, clock: float, away: float):
         """Sync `step`, tell the policy, keep what it committed: (now, its Block)."""
         accepted, tokens, rows = step.resolve()
         now = time.perf_counter()
+        plan, extra = step.plan, {}
+        if plan.source != DRAFT:  # a policy that plans hears which source it chose
+            extra = dict(source=plan.source, match=step.match, copied=plan.copied)
         self.policy.observe(
             step.drafted,
             accepted,
             now - clock - away,
             verified=step.verified,
             verify_seconds=now - max(step.verify_start, clock) - away,
+            **extra,
         )
         stops = (i + 1 for i, t in enumerate(tokens) if t in self.stop_tokens)
         stop_at = next(stops, len(tokens))
@@ -382,4 +297,8 @@ class _Run:
         cache.tokens.extend(tokens[:-1])
         finished = tokens[-1] in self.stop_tokens
         from_draft = min(accepted, len(tokens))
-        return now, Block(tokens, from_draft, step.verified, finished, logprobs=rows)
+        if self.lookup is not None:
+            self.lookup.extend(tokens)
+        block = Block(tokens, from_draft, step.verified, finished, logprobs=rows)
+        block.source = step.source
+        return now, block

@@ -30,9 +30,16 @@ worth `prior_blocks` blocks, which real observations outweigh after as many bloc
 `calibrate.py` times each block size and verify size during the load-time warm-up, so
 every size starts timed (stored times are rescaled by the first verify this process
 measures: they may come from a busier moment). Without either, each acceptance starts
-at one optimistic pseudo-observation and each size is tried once. docs/policy.md has
-the whole picture.
+at one optimistic pseudo-observation and each size is tried once.
+
+With prompt lookup (lookup.py), `plan` also weighs copying from the history, alone or
+spliced in front of the drafter's drafts, against the block `next` chose (sources.py);
+`observe(source=...)` counts each source's acceptance apart. docs/policy.md has the
+whole picture.
 """
+
+from .sources import DRAFT, LOOKUP, Costs, LookupStats, choose, fixed_plan
+from .sources import verify_estimate as _verify_estimate
 
 PRIOR_BLOCKS = 16.0  # the shipped acceptance counts as this many observed blocks
 EXPLORE_BLOCKS = 2  # an exploration runs this many blocks: one block says little
@@ -41,6 +48,7 @@ EXPLORE_BLOCKS = 2  # an exploration runs this many blocks: one block says littl
 # drafting; in the reverse, it never drafted again (tests/test_policy_start.py).
 MEMORY_BLOCKS = 128.0
 MAX_EXPLORE_GAP = 128  # blocks; the gap doubles after each losing exploration
+MAX_LOOKUP = 15  # copied ids per block: 16 verified tokens, one native product
 # A block time counts at most this many times the current estimate: a pause of the
 # process (a page fault, another program) is not what a block size costs.
 TIME_OUTLIER = 1.5
@@ -51,7 +59,8 @@ class AdaptiveBlockSize:
 
     `prior` (an `acceptance.Acceptance`) seeds the per-position acceptance with
     pseudo-counts worth `prior_blocks` blocks; `memory` is how many blocks the counts
-    remember (math.inf: all of them, as a stationary text would want)."""
+    remember (math.inf: all of them, as a stationary text would want); `max_lookup`
+    caps the ids a lookup block copies."""
 
     def __init__(
         self,
@@ -61,6 +70,7 @@ class AdaptiveBlockSize:
         prior=None,
         prior_blocks: float = PRIOR_BLOCKS,
         memory: float = MEMORY_BLOCKS,
+        max_lookup: int = MAX_LOOKUP,
     ):
         if max_size < 1:
             raise ValueError(f"max block size must be >= 1, got {max_size}.")
@@ -99,6 +109,9 @@ class AdaptiveBlockSize:
         self._kept_worth: dict[int, float] = {}
         self._confidence: list | None = None  # the last cut's, for its observe
         self._run: set[int] = set()  # sizes this policy has run real blocks at
+        self.max_lookup = max_lookup
+        self.lookup = LookupStats(max_lookup)  # the copies' acceptance (sources.py)
+        self.costs = Costs(smoothing)  # each kind of block's time beside its verify
 
     @classmethod
     def for_drafter(cls, draft, **kwargs) -> "AdaptiveBlockSize":
@@ -161,6 +174,11 @@ class AdaptiveBlockSize:
                 return explored
         return best
 
+    def plan(self, limit: int, copied: int, match: int = 0, drafter: bool = True):
+        """The next block when prompt lookup offers `copied` ids after a `match`-gram
+        match: the drafter's (`next`), the copy's, or a splice (sources.choose)."""
+        return choose(self, limit, copied, match, drafter)
+
     def _after_exploring(self, size: int):
         sizes = [s for s in self.sizes if s in self.seconds]
         won = size == max(sizes, key=self._timed_rate)
@@ -176,11 +194,20 @@ class AdaptiveBlockSize:
         verified: int | None = None,
         verify_seconds: float | None = None,
         confidence: list | None = None,
+        source: int = DRAFT,
+        match: int = 0,
+        copied: int = 0,
     ):
         """Record a block: size drafted, drafts accepted, wall time, and (when the block
         was cut) how many tokens the target verified, how long that took, and the
-        drafter's confidences (default: those the last `cut` saw)."""
+        drafter's confidences (default: those the last `cut` saw). A lookup or splice
+        block (`source`) gives its copy's length and match instead."""
         verified = size if verified is None else verified
+        self.costs.observe(1 if source == LOOKUP else size, seconds, verify_seconds)
+        if source != DRAFT:
+            self._observe_copy(n_accepted, seconds, verified, verify_seconds)
+            self.lookup.count(match, copied, n_accepted)
+            return
         if confidence is not None:
             self._confidence = list(confidence)
         self.blocks += 1
@@ -203,8 +230,20 @@ class AdaptiveBlockSize:
             if self._explore_left <= 0:
                 self._after_exploring(size)
 
+    def _observe_copy(self, n_accepted, seconds, verified, verify_seconds):
+        """A lookup or splice block: it ages the counts and times v(T), but says
+        nothing of the drafter's acceptance or of t(B)."""
+        self.blocks += 1
+        self._age_counts()
+        self._confidence = None
+        if verify_seconds is not None:
+            self._time("verify", self.verify_seconds, verified, verify_seconds)
+        self._tokens = self._smooth(self._tokens, n_accepted + 1)
+        self._block_seconds = self._smooth(self._block_seconds, seconds)
+
     def _age_counts(self):
         keep = self._keep
+        self.lookup.age(keep, 1.0)
         if keep < 1.0:
             self.accepted = [a * keep for a in self.accepted]
             self.offered = [o * keep for o in self.offered]
@@ -247,6 +286,8 @@ class AdaptiveBlockSize:
         old = table.get(size)
         if old is None and kind == "verify":
             old = self.verify_cost(size)  # interpolated between stored sizes
+            if old is not None and size > max(table):  # a copy longer than any
+                old = _verify_estimate(table, size)
         if old is not None:
             seconds = min(seconds, old * TIME_OUTLIER)
         here = self._timed_here[kind]
@@ -334,6 +375,10 @@ class FixedBlockSize:
 
     def next(self, limit: int | None = None) -> int:
         return self.size if limit is None else max(1, min(self.size, limit))
+
+    def plan(self, limit: int, copied: int, match: int = 0, drafter: bool = True):
+        """With prompt lookup: the copy fills the block when it can, else a splice."""
+        return fixed_plan(self.next(limit), copied, drafter)
 
     def observe(self, size: int, n_accepted: int, seconds: float, **measured):
         pass

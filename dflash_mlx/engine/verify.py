@@ -1,8 +1,11 @@
 """Acceptance rules for a drafted block, computed entirely in MLX (one sync per block).
 
-Both rules return `(n_accepted, emitted)` as arrays: `emitted` has one slot per block
+Each rule returns `(n_accepted, emitted)` as arrays: `emitted` has one slot per block
 position; its first n_accepted + 1 entries are the tokens to commit (accepted drafts,
-then the target's correction or bonus token).
+then the target's correction or bonus token). Greedy blocks (and seeded ones) use
+`accept_greedy` whatever proposed the drafts; sampled blocks use `accept_sampled` for
+the drafter's draws and `accept_lookup` for prompt lookup's copies (a deterministic
+draft, q one-hot); a splice of both gives its copies `one_hot` q rows.
 """
 
 import mlx.core as mx
@@ -49,3 +52,42 @@ def accept_sampled(
     # mass can only vanish through rounding when p == q; then p itself is the answer
     residual = mx.where(mass > 1e-12, residual / mx.maximum(mass, 1e-30), p_row)
     return n_accepted, _emit(drafts, n_accepted, categorical(residual))
+
+
+def accept_lookup(drafts: mx.array, target_probs: mx.array):
+    """Lossless sampling for deterministic drafts (prompt lookup: q is one-hot).
+
+    drafts (..., n) were chosen without sampling; target_probs is (..., n+1, V). Accept
+    d_i with probability p_i(d_i) (min(1, p/q) at q = 1); at the first rejection draw
+    from p_i with d_i removed, renormalised (max(0, p - q)); if all are accepted draw a
+    bonus token from p_n. Leading axes are a batch: each row is its own block.
+    """
+    n = drafts.shape[-1]
+    p = mx.take_along_axis(target_probs[..., :n, :], drafts[..., None], axis=-1)
+    u = mx.random.uniform(shape=drafts.shape)
+    n_accepted = mx.sum(mx.cumprod((u < p[..., 0]).astype(mx.int32), axis=-1), axis=-1)
+    row = mx.take_along_axis(target_probs, n_accepted[..., None, None], axis=-2)[
+        ..., 0, :
+    ]
+    # the rejected draft (none past the last: the bonus row keeps all of p)
+    padded = mx.concatenate([drafts, mx.full(drafts.shape[:-1] + (1,), -1)], axis=-1)
+    rejected = mx.take_along_axis(padded, n_accepted[..., None], axis=-1)
+    residual = mx.where(mx.arange(row.shape[-1]) == rejected, 0.0, row)
+    mass = mx.sum(residual, axis=-1, keepdims=True)
+    # mass can only vanish through rounding when p(d) == 1, which is never rejected
+    residual = mx.where(mass > 1e-12, residual / mx.maximum(mass, 1e-30), row)
+    bonus = categorical(residual)
+    pos = mx.arange(n + 1)
+    emitted = mx.where(
+        pos < n_accepted[..., None],
+        padded.astype(drafts.dtype),
+        bonus[..., None].astype(drafts.dtype),
+    )
+    return n_accepted, emitted
+
+
+def one_hot(drafts: mx.array, vocab: int) -> mx.array:
+    """q rows (n, V) of deterministic drafts, for `accept_sampled` in a block that
+    mixes them with sampled ones (a splice): there min(1, p/q) = p and max(0, p - q)
+    is p without the draft, `accept_lookup`'s rule."""
+    return (mx.arange(vocab)[None] == drafts[:, None]).astype(mx.float32)

@@ -1,0 +1,189 @@
+"""Where a block's proposals come from: the drafter, prompt lookup, or a splice of both.
+
+Per block, when prompt lookup has a copy (`lookup.LookupIndex.propose`), the policy
+(`policy.AdaptiveBlockSize.plan`) weighs three blocks by expected tokens per second:
+- `DRAFT`: the drafter's block of the size `next` chose (1 is plain decoding), as
+  without lookup;
+- `LOOKUP`: the first k ids of the copy, verified without a drafter forward;
+- `SPLICE`: a drafter block of size B whose first k drafts are replaced by the copy's
+  first k ids (the copy first, the drafter's drafts for the positions after it): where
+  the copy's first ids are likely and the drafter beats its later ones.
+
+The expected tokens come from the acceptance each source has shown: the drafter's
+per-position acceptance (the policy's α), and the copies' own per position and by the
+length of the n-gram matched (`LookupStats`: a copy after a 4-gram match is right far
+more often than after a 1-gram one). The costs come from the measured times: a block
+costs its overhead (everything but the verify: a drafter forward and absorb for drafted
+blocks, bookkeeping alone for plain and lookup ones) plus v(T), the verify time of T
+tokens (`Costs`). Where v is flat (a GPU) the longest copy wins; where it grows (CPUs)
+a copy is cut where its next id no longer pays for itself.
+
+None of this looks at the drafts' values or the target's draws, only at the history
+(the copy's length and match) and at past blocks, so sampling keeps the target's
+distribution. When lookup finds nothing, the policy is asked `next` as before.
+"""
+
+from typing import NamedTuple
+
+DRAFT, LOOKUP, SPLICE = 0, 1, 2
+NAMES = ("draft", "lookup", "splice")
+MATCH_BUCKETS = 4  # matches of 4+ tokens share one row of counts
+# A copy's acceptance before any is observed, per match length 1..4+: first id, the
+# ones after it (code-edit answers of the demo pair, simulated: 0.32 / 0.48-0.66 /
+# 0.79 / 0.78-0.90 for the first id, 0.8-0.9 after it); worth this many blocks.
+LOOKUP_PRIOR_FIRST = (0.3, 0.5, 0.7, 0.8)
+LOOKUP_PRIOR_LATER = 0.85
+LOOKUP_PRIOR_BLOCKS = 4.0
+# v(T)'s growth per token when only one verify size is timed (a CPU's, about that of
+# the demo pair); replaced as soon as a second size is measured.
+GUESSED_SLOPE = 0.15
+
+
+class Plan(NamedTuple):
+    """A block to run: its source, its size, and the copied ids it starts with."""
+
+    source: int  # DRAFT, LOOKUP or SPLICE
+    size: int  # positions, `last` included: the drafter's block (DRAFT, SPLICE) or
+    # 1 + copied (LOOKUP)
+    copied: int = 0  # lookup ids at the head of the proposal
+
+    @property
+    def name(self) -> str:
+        return NAMES[self.source]
+
+
+def fixed_plan(size: int, copied: int, drafter: bool) -> Plan:
+    """A fixed block size with lookup: the copy fills the block (no drafter forward)
+    when long enough, else a splice; the drafter's block when there is no copy."""
+    k = min(copied, size - 1)
+    if k <= 0:
+        return Plan(DRAFT, size)
+    if k == size - 1 or not drafter:
+        return Plan(LOOKUP, 1 + k, k)
+    return Plan(SPLICE, size, k)
+
+
+class LookupStats:
+    """Per-position acceptance of copies, by match length, aged as the drafter's is:
+    `accepted[m][k]` counts copies after an (m+1)-gram match whose id k+1 was
+    accepted, `offered[m][k]` those that reached it."""
+
+    def __init__(self, positions: int):
+        self.positions = positions
+        self.accepted = [[0.0] * positions for _ in range(MATCH_BUCKETS)]
+        self.offered = [[0.0] * positions for _ in range(MATCH_BUCKETS)]
+        self.prior_weight = LOOKUP_PRIOR_BLOCKS
+
+    def acceptance(self, match: int, k: int) -> float:
+        """Estimated P(copied id k accepted | ids 1..k-1 were), k >= 1."""
+        m = min(max(match, 1), MATCH_BUCKETS) - 1
+        prior = LOOKUP_PRIOR_FIRST[m] if k == 1 else LOOKUP_PRIOR_LATER
+        if k > self.positions:
+            return prior
+        w = self.prior_weight
+        return (self.accepted[m][k - 1] + w * prior) / (self.offered[m][k - 1] + w)
+
+    def count(self, match: int, copied: int, accepted: int):
+        m = min(max(match, 1), MATCH_BUCKETS) - 1
+        for k in range(min(accepted + 1, copied, self.positions)):
+            self.offered[m][k] += 1
+            if k < accepted:
+                self.accepted[m][k] += 1
+
+    def age(self, keep: float, floor: float):
+        if keep < 1.0:
+            for rows in (self.accepted, self.offered):
+                for row in rows:
+                    row[:] = [x * keep for x in row]
+            self.prior_weight = max(self.prior_weight * keep, floor)
+
+
+class Costs:
+    """What a block costs apart from its verify: smoothed per kind of block (plain and
+    lookup blocks: 1; drafted and spliced blocks: their drafter block size)."""
+
+    def __init__(self, smoothing: float):
+        self.smoothing = smoothing
+        self.overhead: dict[int, float] = {}
+
+    def observe(self, key: int, seconds: float, verify_seconds: float | None):
+        if verify_seconds is None:
+            return
+        value = max(seconds - verify_seconds, 0.0)
+        old = self.overhead.get(key)
+        self.overhead[key] = (
+            value if old is None else old + self.smoothing * (value - old)
+        )
+
+    def estimate(self, policy, key: int) -> float | None:
+        """The overhead of a `key` block: measured, else t(key) - v(key) from the
+        policy's (calibrated) tables."""
+        if key in self.overhead:
+            return self.overhead[key]
+        t, v = policy.seconds.get(key), policy.verify_seconds.get(key)
+        return None if t is None or v is None else max(t - v, 0.0)
+
+
+def verify_estimate(known: dict[int, float], tokens: int) -> float | None:
+    """v(T) from the timed verify sizes: interpolated between them, extended along
+    the line through the two largest beyond them (never flat: a longer copy must not
+    look free), and from one size with `GUESSED_SLOPE`; None when none is timed."""
+    points = sorted(known.items())
+    if not points:
+        return None
+    if len(points) == 1:
+        t0, v0 = points[0]
+        return v0 * (1 + GUESSED_SLOPE * (tokens - t0))
+    if tokens <= points[-1][0]:
+        lower = [p for p in points if p[0] <= tokens] or points[:1]
+        upper = [p for p in points if p[0] >= tokens]
+        (t0, v0), (t1, v1) = lower[-1], upper[0]
+        return v0 if t1 == t0 else v0 + (v1 - v0) * (tokens - t0) / (t1 - t0)
+    (t0, v0), (t1, v1) = points[-2], points[-1]
+    return v1 + max(v1 - v0, 0.0) / (t1 - t0) * (tokens - t1)
+
+
+def choose(policy, limit: int, copied: int, match: int, drafter: bool) -> Plan:
+    """The plan with the most expected tokens per second (see the module docstring):
+    the drafter's block `policy.next(limit)` chose, or a copy of 1..`copied` ids, or a
+    splice of the copy into a drafter block."""
+    size = policy.next(limit)
+    rate = policy.rate(size)
+    best = Plan(DRAFT, size)
+    if rate is None or copied < 1:
+        return best  # a size being timed for the first time: let it run
+    plain = policy.costs.estimate(policy, 1)
+    reach, expected = 1.0, 1.0
+    for k in range(1, min(copied, limit - 1) + 1):
+        reach *= policy.lookup.acceptance(match, k)
+        expected += reach
+        v = verify_estimate(policy.verify_seconds, 1 + k)
+        if plain is None or v is None:
+            break
+        if expected / (plain + v) > rate:
+            best, rate = Plan(LOOKUP, 1 + k, k), expected / (plain + v)
+    if not drafter:
+        return best
+    for b in policy.sizes:
+        cost = policy.costs.estimate(policy, b)
+        v = verify_estimate(policy.verify_seconds, b)
+        if b > limit or cost is None or v is None:
+            continue
+        for k in range(1, min(copied, b - 2) + 1):
+            tokens = _splice_tokens(policy, b, k, match)
+            if tokens / (cost + v) > rate:
+                best, rate = Plan(SPLICE, b, k), tokens / (cost + v)
+    return best
+
+
+def _splice_tokens(policy, size: int, copied: int, match: int) -> float:
+    """Expected tokens of a splice: the copy's acceptance for its `copied` ids, the
+    drafter's for the positions after them."""
+    reach, expected = 1.0, 1.0
+    for k in range(1, size):
+        if k <= copied:
+            reach *= policy.lookup.acceptance(match, k)
+        else:
+            reach *= policy.acceptance(k)
+        expected += reach
+    return expected
