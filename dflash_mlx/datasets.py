@@ -1,8 +1,10 @@
-"""Benchmark prompt sets: the five bundled with the package, or a custom JSONL file.
+"""Benchmark prompt sets: the five of the DFlash paper and `code-edits` (code pasted
+back with a small change asked for: where prompt lookup pays), bundled with the
+package, or a custom JSONL file.
 
 Prompts are formatted as the reference DFlash benchmark formats them (see
 data/SOURCES.md), and samples are drawn the same way (a `random.Random(seed)` shuffle,
-then the first N).
+then the first N). `all` is the paper's five.
 """
 
 import gzip
@@ -63,8 +65,11 @@ BUNDLED = {
         keep=lambda r: 11 <= int(r["task_id"]) <= 510,
     ),
     "mt-bench": _Spec("mt_bench.jsonl.gz", "question_id", lambda r: list(r["turns"])),
+    # written by examples/make_code_edits.py from stdlib functions (data/SOURCES.md)
+    "code-edits": _Spec("code_edits.jsonl.gz", "id", lambda r: [r["prompt"]]),
 }
-DATASETS = tuple(BUNDLED)
+DATASETS = ("gsm8k", "math500", "humaneval", "mbpp", "mt-bench")  # `all`
+NAMES = ", ".join(BUNDLED)
 
 
 def read_jsonl_gz(path: Path) -> list[dict]:
@@ -109,7 +114,7 @@ def load_jsonl(path: str | Path) -> list[Sample]:
     if not path.is_file():
         raise ValueError(
             f"Prompt file '{path}' does not exist. Pass one of "
-            f"{', '.join(DATASETS)}, 'all', or a .jsonl file of prompts."
+            f"{NAMES}, 'all', or a .jsonl file of prompts."
         )
     opener = gzip.open if path.suffix == ".gz" else open
     samples = []
@@ -158,7 +163,7 @@ def resolve(spec: str) -> list[str]:
             out.append(part)
         else:
             raise ValueError(
-                f"Unknown dataset '{part}'. Choose from {', '.join(DATASETS)}, "
+                f"Unknown dataset '{part}'. Choose from {NAMES}, "
                 "'all', or give a path to a .jsonl file of prompts."
             )
     if not out:

@@ -197,3 +197,34 @@ def test_chat_train_prompts_are_not_mt_bench():
         rows = [json.loads(line) for line in gzip.open(DATA_DIR / file)]
         expected = [r.format(t) for r in module.REQUESTS for t in topics]
         assert [r["prompt"] for r in rows] == expected
+
+
+def test_code_edits_paste_stdlib_code_no_benchmark_or_training_prompt():
+    """64 prompts, 16 per kind, each pasting a function that parses (the reformat's
+    2-space indent and the fix's flipped operator included) from the stdlib packages
+    the training sets skip; none is a benchmark or code-train prompt."""
+    import ast
+    import gzip
+    import re
+
+    from dflash_mlx.train.data import load_prompts
+
+    samples = ds.load_dataset("code-edits")
+    rows = [json.loads(line) for line in gzip.open(ds.DATA_DIR / "code_edits.jsonl.gz")]
+    assert len(samples) == len(rows) == 64 and len({s.id for s in samples}) == 64
+    kinds = [r["kind"] for r in rows]
+    assert {k: kinds.count(k) for k in set(kinds)} == dict.fromkeys(
+        ("rename", "types", "fix", "reformat"), 16
+    )
+    for row in rows:
+        code = re.search(r"```python\n(.*?)\n```", row["prompt"], re.S)
+        assert code and isinstance(ast.parse(code.group(1)).body[0], ast.FunctionDef)
+        package = row["id"].split("/")[2].split(".")[0]
+        assert package in ("idlelib", "lib2to3", "turtle", "turtledemo"), row["id"]
+    texts = {s.turns[0] for s in samples}
+    others = {s.turns[0] for name in ds.DATASETS for s in ds.bundled(name)}
+    for name in ("code-train", "code-train-2"):
+        others |= {p.messages[0]["content"] for p in load_prompts(f"bundled:{name}")}
+    assert not texts & others
+    assert "code-edits" in ds.resolve("code-edits,gsm8k")
+    assert "code-edits" not in ds.resolve("all")
