@@ -36,7 +36,12 @@ def answer(session, out, text: str, note: str | None, group=None):
     """Stream one answer; Ctrl-C stops it at the next block (on every rank: rank 0's
     decision is shared once per block when the target is sharded)."""
     from . import ui
+    from .answer_ui import AnswerView
 
+    def line(stats, final: bool):
+        return (ui.summary_line if final else ui.status_line)(stats, note)
+
+    settings = session.settings
     try:
         chunks = session.stream(text)
     except ValueError as e:
@@ -45,7 +50,13 @@ def answer(session, out, text: str, note: str | None, group=None):
     stopped = False
     with SoftInterrupt() as stop:
         try:
-            with ui.AnswerView(out, session.settings.color, note) as view:
+            with AnswerView(
+                out,
+                line,
+                markdown=settings.markdown,
+                color=settings.color,
+                err=ui.console(stderr=True),
+            ) as view:
                 for chunk in chunks:
                     view.update(chunk)
                     requested = stop.requested
@@ -87,7 +98,22 @@ def chat(
     thinking: bool | None = options.thinking(),
     no_draft: bool = options.no_draft(),
     color: bool = typer.Option(
-        False, "--color", help="Colour tokens: drafted (green) vs target."
+        False, "--color", help="Colour tokens: drafted (green) vs target (raw text)."
+    ),
+    plain: bool = typer.Option(
+        False, "--plain", help="Answers as raw text, not rendered Markdown."
+    ),
+    lookup: bool | None = typer.Option(
+        None,
+        "--lookup/--no-lookup",
+        help="Prompt lookup: copy proposals from the conversation where the text "
+        "repeats, chosen per block against the drafter (default: on with "
+        "--block-size auto).",
+    ),
+    history: bool = typer.Option(
+        True,
+        "--history/--no-history",
+        help="Keep what you type (in the user cache) for ↑ and Ctrl-R next time.",
     ),
     pipeline: bool = options.pipeline(),
 ):
@@ -108,6 +134,8 @@ def chat(
             max_tokens=max_tokens,
             block_size=options.parse_block_size(block_size),
             color=color,
+            markdown=not plain,
+            lookup=lookup,
         )
     with errors.runtime(out):
         session, note = open_session(
@@ -120,6 +148,7 @@ def chat(
             status=lambda m: ui.loading(out, m),
             distributed=group,
         )
+    reader = _reader(out, history, group)
     ui.banner(
         out,
         {
@@ -128,29 +157,47 @@ def chat(
             "block_size": session.block_size,
             "note": note,
             "thinking": _thinking_label(session),
+            "editing": reader.note if reader else None,
         },
     )
-    _loop(session, out, note if session.draft is None else None, group)
+    _loop(session, out, reader, note if session.draft is None else None, group)
+
+
+def _reader(out, history: bool, group):
+    """Rank 0's reader (the others read nothing), with the Markdown renderer warmed
+    up before the first answer (its imports and first render take ~0.2 s)."""
+    from dflash_mlx.chat.history import history_file
+
+    from . import ui
+    from .answer_ui import warm_up
+    from .lineedit import open_reader
+
+    if group is not None and not group.is_main:
+        return None
+    if out.is_terminal:
+        warm_up(out)
+    path = history_file() if history else None
+    return open_reader(out, path, warn=lambda message: ui.warning(out, message))
 
 
 _LEAVE = "\x04"  # what rank 0 tells the other ranks at Ctrl-D
 
 
-def _read(out, group) -> str:
+def _read(out, reader, group) -> str:
     """The next message: typed on rank 0 and shared with every rank. Ctrl-C at the
     prompt cancels the line being typed, as in Python's REPL."""
     from . import ui
 
     text = None
-    while text is None and (group is None or group.is_main):
+    while text is None and reader is not None:
         try:
-            text = ui.read_message(out)
+            text = reader.read()
         except EOFError:
             out.print()
             text = _LEAVE
         except KeyboardInterrupt:
             ui.cancelled(out)
-        except UnicodeDecodeError:
+        except UnicodeError:  # bytes that are not UTF-8, from input() or the editor
             ui.error(out, NOT_UTF8)
     if group is not None:
         return group.broadcast_text(text)
@@ -158,10 +205,10 @@ def _read(out, group) -> str:
     return text
 
 
-def _loop(session, out, note: str | None, group=None):
+def _loop(session, out, reader, note: str | None, group=None):
     """Read messages until Ctrl-D or /exit: slash commands, else an answer."""
     while True:
-        text = _read(out, group)
+        text = _read(out, reader, group)
         if text == _LEAVE:
             return
         if not text.strip():

@@ -1,15 +1,9 @@
-"""All Rich terminal code: the chat's live answer view, status lines, tables."""
+"""Rich terminal code shared by the commands: the engine line (live and per turn),
+banners, tables, messages. The chat's streaming answer is in answer_ui.py."""
 
-import sys
-
-from rich.console import Console, Group
-from rich.live import Live
+from rich.console import Console
 from rich.table import Table
 from rich.text import Text
-
-STYLE_DRAFT = "green"
-STYLE_TARGET = "bright_white"
-STYLE_THINK = "dim italic"
 
 
 def console(stderr: bool = False) -> Console:
@@ -26,11 +20,56 @@ def mode_label(mode: str, block_size) -> str:
     return "DFlash auto" if block_size == "auto" else f"DFlash b{block_size}"
 
 
+def _now(stats) -> str:
+    """What the last block did: "now b4 draft" (its verify size, who proposed) or
+    "now plain"."""
+    if stats.last_block_size is None:
+        return ""
+    if stats.last_source is None:
+        return " · now plain"
+    return f" · now b{stats.last_block_size} {stats.last_source}"
+
+
+def _drafted(stats) -> str:
+    return f"{stats.drafted_blocks}/{stats.blocks} blocks drafted"
+
+
+def _drafted_detail(stats) -> str:
+    """The verify sizes of the drafted blocks and, past the drafter alone, who
+    proposed: "(b2–b8; draft 9, lookup 3)"."""
+    sizes = sorted(s for s in stats.sizes if s > 1)
+    parts = []
+    if sizes:
+        low, high = sizes[0], sizes[-1]
+        parts.append(f"b{low}" if low == high else f"b{low}–b{high}")
+    if set(stats.sources) - {"draft"}:
+        parts.append(", ".join(f"{k} {v}" for k, v in sorted(stats.sources.items())))
+    return f" ({'; '.join(parts)})" if parts else ""
+
+
+def engine_summary(stats) -> str:
+    """The turn's engine in words: "DFlash auto: 12/20 blocks drafted (b2–b8),
+    8 plain"; "plain" without speculation."""
+    label = mode_label(stats.mode, stats.block_size)
+    if stats.mode != "dflash" or not stats.blocks:
+        return label
+    text = f"{label}: {_drafted(stats)}{_drafted_detail(stats)}"
+    if not stats.drafted_blocks:
+        return text + ", all plain"
+    return text + (f", {stats.plain_blocks} plain" if stats.plain_blocks else "")
+
+
 def status_line(stats, note: str | None = None) -> Text:
-    """Live numbers for the answer in progress (updated every verified block)."""
+    """Live numbers for the answer in progress: what the engine does (the last
+    block's size and proposer, or plain; the share of blocks drafted), tok/s, τ."""
     t = Text()
-    t.append("● ", style="bold green" if stats.mode == "dflash" else "bold yellow")
+    drafting = stats.mode == "dflash" and stats.last_source is not None
+    fresh = stats.mode == "dflash" and stats.last_block_size is None
+    t.append("● ", style="bold green" if drafting or fresh else "bold yellow")
     t.append(mode_label(stats.mode, stats.block_size), style="bold")
+    if stats.mode == "dflash" and stats.blocks:
+        t.append(_now(stats), style="bold" if drafting else "bold yellow")
+        t.append(f" · {_drafted(stats)}")
     t.append(f"  {stats.generation_tps:7.1f} tok/s", style="cyan")
     if stats.mode == "dflash":
         t.append(
@@ -60,7 +99,7 @@ def summary_line(stats, note: str | None = None) -> Text:
         f"gen {stats.generation_tokens} tok @ {stats.generation_tps:.1f} tok/s",
         style="cyan",
     )
-    t.append(f" · {mode_label(stats.mode, stats.block_size)}")
+    t.append(f" · {engine_summary(stats)}")
     if stats.mode == "dflash":
         t.append(f" · τ {_fmt(stats.mean_accepted, '.2f')}", style="magenta")
     if stats.speedup:
@@ -75,75 +114,6 @@ def summary_line(stats, note: str | None = None) -> Text:
     return t
 
 
-def piece_style(piece, color: bool) -> str:
-    if piece.thinking:
-        return STYLE_THINK + (" green" if color and piece.drafted else "")
-    if color:
-        return STYLE_DRAFT if piece.drafted else STYLE_TARGET
-    return ""
-
-
-class AnswerView:
-    """Streams an answer: a live tail + status line on a terminal, else plain text."""
-
-    def __init__(self, out: Console, color: bool = False, note: str | None = None):
-        self.out, self.color, self.note = out, color, note
-        self.live: Live | None = None
-        self.tail = Text()
-        self.stats = None
-        self.err = console(stderr=True)
-
-    def __enter__(self):
-        if self.out.is_terminal:
-            self.live = Live(
-                console=self.out,
-                auto_refresh=True,
-                refresh_per_second=12,
-                vertical_overflow="crop",
-                transient=False,
-            )
-            self.live.start()
-        return self
-
-    def _render(self, final: bool = False):
-        if final:
-            line = summary_line(self.stats, self.note) if self.stats else Text()
-        else:
-            line = (
-                status_line(self.stats, self.note)
-                if self.stats
-                else Text("…", style="dim")
-            )
-        return Group(self.tail, line)
-
-    def update(self, chunk):
-        self.stats = chunk.stats
-        if self.live is None:
-            sys.stdout.write(chunk.text)
-            sys.stdout.flush()
-            return
-        for piece in chunk.pieces:
-            self.tail.append(piece.text, style=piece_style(piece, self.color))
-        if (
-            "\n" in self.tail.plain
-        ):  # finished lines scroll up for good; the live part stays small
-            cut = self.tail.plain.rindex("\n") + 1
-            done, self.tail = self.tail[:cut], self.tail[cut:]
-            self.live.console.print(done, end="")
-        self.live.update(self._render())
-
-    def __exit__(self, *exc):
-        if self.live is not None:
-            self.live.update(self._render(final=True), refresh=True)
-            self.live.stop()
-        else:
-            sys.stdout.write("\n")
-            sys.stdout.flush()
-            if self.stats is not None:
-                self.err.print(summary_line(self.stats, self.note))
-        return False
-
-
 def banner(out: Console, info: dict):
     out.print(Text.assemble(("dflash-mlx chat", "bold"), "  ", (info["model"], "cyan")))
     if info.get("draft"):
@@ -156,6 +126,8 @@ def banner(out: Console, info: dict):
         out.print(Text(info["note"], style="yellow"))
     if info.get("thinking") is not None:
         out.print(Text(info["thinking"], style="dim"))
+    if info.get("editing"):
+        out.print(Text(info["editing"], style="yellow"))
     out.print(
         Text(
             "Type /help for commands. Ctrl-C stops an answer; Ctrl-D or /exit leaves.",
@@ -164,32 +136,28 @@ def banner(out: Console, info: dict):
     )
 
 
-def read_message(out: Console) -> str:
-    """One user message. A line ending in \\ continues; \"\"\" opens/closes a block."""
-    line = out.input("[bold blue]>>> [/]") if out.is_terminal else input()
-    if line.strip() == '"""':
-        lines: list[str] = []
-        while True:
-            more = out.input("[dim]... [/]") if out.is_terminal else input()
-            if more.strip() == '"""':
-                return "\n".join(lines)
-            lines.append(more)
-    lines = []
-    while line.endswith("\\"):
-        lines.append(line[:-1])
-        line = out.input("[dim]... [/]") if out.is_terminal else input()
-    return "\n".join(lines + [line])
+INPUT_HELP = {
+    '"""': "start/end a multi-line message (or end lines with \\)",
+    "paste": "a pasted block of lines is one message",
+    "↑ ↓  Ctrl-R": "earlier messages, kept across sessions (--no-history: none)",
+    "Ctrl-C": "stop the answer at the next block; at the prompt, drop the line",
+}
 
 
 def help_table(out: Console, commands: dict):
     table = Table(show_header=False, box=None, padding=(0, 2))
-    for cmd, what in commands.items():
+    for cmd, what in {**commands, **INPUT_HELP}.items():
         table.add_row(Text(cmd, style="bold"), what)
-    table.add_row(
-        Text('"""', style="bold"),
-        "start/end a multi-line message (or end lines with \\)",
-    )
     out.print(table)
+
+
+def _share(stats: dict) -> str:
+    if not stats["blocks"]:
+        return "–"
+    share = 100 * stats["drafted_blocks"] / stats["blocks"]
+    return (
+        f"{stats['drafted_blocks']} / {stats['blocks']} ({share:.0f}%; the rest plain)"
+    )
 
 
 def stats_table(out: Console, stats: dict):
@@ -200,6 +168,7 @@ def stats_table(out: Console, stats: dict):
         ("mode", mode_label(stats["mode"], stats["block_size"])),
         ("temperature", f"{stats['temperature']:g}"),
         ("mean τ (DFlash turns)", _fmt(stats["mean_acceptance"], ".2f")),
+        ("drafted blocks (DFlash turns)", _share(stats)),
         ("DFlash tok/s", _fmt(stats["dflash_tps"], ".1f")),
         ("plain tok/s", _fmt(stats["plain_tps"], ".1f")),
         (

@@ -47,7 +47,7 @@ TEMPLATE = (
 )
 
 
-def _tokenizer(path: Path):
+def _tokenizer(path: Path, phrases: list[str]):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
@@ -63,19 +63,23 @@ def _tokenizer(path: Path):
         pad_token="<|endoftext|>",
         additional_special_tokens=SPECIALS,
     )
-    fast.add_tokens(PHRASES)
+    fast.add_tokens(phrases)
     fast.chat_template = TEMPLATE
     fast.save_pretrained(str(path))
     return fast
 
 
-def make_scripted_target(path: Path) -> Path:
-    """Write the scripted target (config, weights, tokenizer) to `path`."""
+def make_scripted_target(
+    path: Path, script: dict = SCRIPT, phrases: list[str] = PHRASES
+) -> Path:
+    """Write the scripted target (config, weights, tokenizer) to `path`: greedy
+    decoding follows `script` (token -> next token), whose texts other than "\n" and
+    the special tokens are the `phrases`."""
     from mlx_lm.utils import _get_classes
 
     path.mkdir(parents=True, exist_ok=True)
-    fast = _tokenizer(path)
-    ids = {t: fast.convert_tokens_to_ids(t) for t in [*SCRIPT, *SCRIPT.values()]}
+    fast = _tokenizer(path, phrases)
+    ids = {t: fast.convert_tokens_to_ids(t) for t in [*script, *script.values()]}
     ids["\n"] = fast.encode("\n", add_special_tokens=False)[0]
     assert max(ids.values()) < VOCAB
     config = dict(
@@ -96,7 +100,7 @@ def make_scripted_target(path: Path) -> Path:
     model.update(tree_map(mx.zeros_like, model.parameters()))
     eos = fast.convert_tokens_to_ids("<|im_end|>")
     successor = [eos] * VOCAB
-    for src, dst in SCRIPT.items():
+    for src, dst in script.items():
         successor[ids[src]] = ids[dst]
     head = mx.zeros((VOCAB, VOCAB)).at[mx.array(successor), mx.arange(VOCAB)].add(1.0)
     model.model.embed_tokens.weight = mx.eye(VOCAB)

@@ -286,3 +286,37 @@ def test_qwen3_template_thinking_switch(models_dir):
 
 def test_byte_template_has_no_thinking_switch(pair):
     assert not session(pair).thinking_supported
+
+
+def test_turn_stats_say_what_the_engine_did(pair):
+    s = session(pair, settings=Settings(max_tokens=24))
+    run(s, "hello")
+    st = s.turns[-1]
+    # every block after the first token is counted once: drafted (by its source) or
+    # plain, at the size the target verified
+    assert st.blocks == sum(st.sizes.values()) == st.drafted_blocks + st.plain_blocks
+    assert st.drafted_blocks == sum(st.sources.values())
+    assert st.last_block_size is not None
+    s.command("/block 4")  # a fixed size drafts every block the budget allows
+    run(s, "again")
+    st = s.turns[-1]
+    assert set(st.sources) == {"draft"} and max(st.sizes) == 4
+    assert st.plain_blocks == st.sizes.get(1, 0)
+    s.command("/draft off")
+    run(s, "plain now")
+    assert s.turns[-1].drafted_blocks == 0 and s.turns[-1].mode == "plain"
+    totals = s.stats()
+    assert totals["blocks"] == sum(t.blocks for t in s.turns[:2])  # DFlash turns
+    assert totals["drafted_blocks"] == sum(t.drafted_blocks for t in s.turns)
+
+
+def test_render_and_color_commands(pair):
+    s = session(pair)
+    assert s.settings.markdown and not s.settings.color
+    assert s.command("/render off") == ("info", "Answers as raw text.")
+    assert not s.settings.markdown
+    s.command("/render on")
+    assert "raw text" in s.command("/color on")[1]  # colours show on raw text
+    assert "/color is off" in s.command("/render on")[1]
+    with pytest.raises(ValueError, match="/render on"):
+        s.command("/render maybe")

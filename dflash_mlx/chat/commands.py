@@ -18,7 +18,8 @@ COMMANDS = {
     "/block N": "set the verify block size (1 = plain decoding)",
     "/max N": "set the maximum tokens per answer (-1: up to the context)",
     "/draft on|off": "speculative decoding on, or plain decoding to compare",
-    "/color on|off": "colour tokens by source (drafted vs target)",
+    "/render on|off": "answers as rendered Markdown, or raw text (also --plain)",
+    "/color on|off": "colour tokens by source (drafted vs target; raw text)",
     "/save PATH": "save the transcript (.json, otherwise Markdown)",
     "/save! PATH": "save it over an existing file",
     "/exit": "leave (also Ctrl-D)",
@@ -100,7 +101,21 @@ def _draft(session, arg):
 
 def _color(session, arg):
     session.settings.color = _on_off(arg, "/color")
+    if session.settings.color and session.settings.markdown:
+        return "info", "Token colours on (answers show as raw text while they are)."
     return "info", "Token colours " + arg + "."
+
+
+def _render(session, arg):
+    session.settings.markdown = _on_off(arg, "/render")
+    if not session.settings.markdown:
+        return "info", "Answers as raw text."
+    if session.settings.color:
+        return (
+            "info",
+            "Markdown rendering on once /color is off (colours are raw text).",
+        )
+    return "info", "Answers rendered as Markdown."
 
 
 def _save(session, arg, overwrite: bool = False):
@@ -126,6 +141,7 @@ HANDLERS: dict[str, Callable] = {
     "/max": _max,
     "/draft": _draft,
     "/color": _color,
+    "/render": _render,
     "/save": _save,
     "/save!": lambda session, arg: _save(session, arg, overwrite=True),
 }

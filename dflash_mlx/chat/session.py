@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import conversation, validate
+from ..engine.lookup import LookupIndex
 from ..engine.policy import AdaptiveBlockSize
 from ..generate import make_prompt_cache, stream_generate, wrap_tokenizer
 from ..loading.resolve import context_length
@@ -25,8 +26,10 @@ class Settings:
     min_p: float = 0.0
     max_tokens: int = 1024
     block_size: int | str | None = None  # None or "auto": adaptive; an int: fixed
+    lookup: bool | None = None  # prompt lookup; None: with "auto" (generate's default)
     draft_on: bool = True
     color: bool = False
+    markdown: bool = True  # answers rendered as Markdown (--plain: raw text)
     seed: int | None = None  # sampling seed; turn i draws with seed + i
 
     def __post_init__(self):
@@ -71,6 +74,8 @@ class ChatSession:
         self._last: conversation.Exchange | None = None  # the last prompt + answer
         # "auto"'s policy, e.g. calibrated by the CLI's warm-up (engine/calibrate.py)
         self._adaptive: AdaptiveBlockSize | None = policy
+        # prompt lookup's index of the whole conversation, extended turn by turn
+        self.lookup = LookupIndex()
 
     # -- prompts ----------------------------------------------------------------------
     @property
@@ -108,7 +113,15 @@ class ChatSession:
     # -- state ------------------------------------------------------------------------
     @property
     def mode(self) -> str:
-        return "dflash" if self.block_size != 1 else "plain"
+        if self.block_size != 1:
+            return "dflash"
+        return "lookup" if self.lookup_on else "plain"
+
+    @property
+    def lookup_on(self) -> bool:
+        """Prompt lookup this turn: as asked, else with "auto"."""
+        asked = self.settings.lookup
+        return self.block_size == "auto" if asked is None else asked
 
     @property
     def block_size(self) -> int | str:
@@ -119,9 +132,13 @@ class ChatSession:
 
     def _block_policy(self):
         # one adaptive policy per session, so what it learned carries over between turns
+        if self.block_size == 1 and self.lookup_on:  # no drafter: plain or a copy
+            if self._adaptive is None or self._adaptive.sizes != [1]:
+                self._adaptive = AdaptiveBlockSize(1)
+            return self._adaptive
         if self.block_size != "auto":
             return self.block_size
-        if self._adaptive is None:
+        if self._adaptive is None or self._adaptive.sizes == [1]:
             self._adaptive = AdaptiveBlockSize.for_drafter(self.draft)
         return self._adaptive
 
@@ -137,6 +154,7 @@ class ChatSession:
         self.messages.clear()
         self._last = None
         self.cache = make_prompt_cache(self.model, self.draft)
+        self.lookup.clear()
 
     def _cache_ok(self) -> bool:
         n = len(self.cache.tokens)
@@ -190,6 +208,7 @@ class ChatSession:
             self.tokenizer,
             ids,
             block_size=self._block_policy(),
+            lookup=self.lookup if self.lookup_on else False,
             max_tokens=max_tokens,
             temperature=s.temperature,
             top_p=s.top_p,

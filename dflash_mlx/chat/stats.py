@@ -1,8 +1,18 @@
 """Numbers of a chat: one answer's (the summary line) and the session's (/stats)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..generate import GenerationResponse
+
+
+def proposer(r: GenerationResponse) -> str | None:
+    """Who proposed the tokens a block verified: the response's `source` ("draft",
+    "lookup" or "splice") where the engine reports one, else "draft" for a block that
+    verified more than one token; None for plain decoding."""
+    if hasattr(r, "source"):  # an engine without prompt lookup has no such field
+        source = getattr(r, "source", None)
+        return None if source is None else str(source)
+    return "draft" if r.block_size > 1 else None
 
 
 @dataclass
@@ -22,6 +32,13 @@ class TurnStats:
     accepted: int = 0  # tokens those blocks committed
     last_accepted: int | None = None
     drafted: int = 0  # committed tokens that came from the drafter
+    # what the engine did, block by block: blocks with proposals verified (the rest
+    # were plain decoding steps), the verify sizes used, who proposed
+    drafted_blocks: int = 0
+    last_block_size: int | None = None
+    last_source: str | None = None
+    sizes: dict[int, int] = field(default_factory=dict)
+    sources: dict[str, int] = field(default_factory=dict)
     peak_memory: float = 0.0
     finish_reason: str | None = None  # "stop", "length" or "interrupted"
     speedup: float | None = None  # vs the plain tok/s measured in this session
@@ -39,10 +56,23 @@ class TurnStats:
             self.blocks += 1
             self.accepted += r.accepted
             self.last_accepted = r.accepted
+            self._count_block(r)
         self.drafted += r.from_draft
         self.generation_tokens = r.generation_tokens
         self.generation_tps = r.generation_tps
         self.peak_memory, self.elapsed = r.peak_memory, elapsed
+
+    def _count_block(self, r: GenerationResponse):
+        source = proposer(r)
+        self.last_block_size, self.last_source = r.block_size, source
+        self.sizes[r.block_size] = self.sizes.get(r.block_size, 0) + 1
+        if source is not None:
+            self.drafted_blocks += 1
+            self.sources[source] = self.sources.get(source, 0) + 1
+
+    @property
+    def plain_blocks(self) -> int:
+        return self.blocks - self.drafted_blocks
 
 
 def baseline_tps(turns: list[TurnStats]) -> float | None:
@@ -65,6 +95,8 @@ def totals(turns: list[TurnStats]) -> dict:
         "turns": len(turns),
         "generated_tokens": sum(t.generation_tokens for t in turns),
         "mean_acceptance": accepted / blocks if blocks else None,
+        "blocks": blocks,
+        "drafted_blocks": sum(t.drafted_blocks for t in dflash),
         "dflash_tps": sum(rates) / len(rates) if rates else None,
         "plain_tps": baseline_tps(turns),
         "last_ttft": turns[-1].ttft if turns else None,
