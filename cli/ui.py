@@ -14,7 +14,12 @@ def _fmt(value, spec: str, none: str = "–") -> str:
     return none if value is None else format(value, spec)
 
 
+SPECULATING = ("dflash", "lookup")  # modes whose blocks may verify proposals
+
+
 def mode_label(mode: str, block_size) -> str:
+    if mode == "lookup":
+        return "plain + lookup"  # no drafter: a plain step or a copy, per block
     if mode != "dflash":
         return "plain"
     return "DFlash auto" if block_size == "auto" else f"DFlash b{block_size}"
@@ -31,7 +36,8 @@ def _now(stats) -> str:
 
 
 def _drafted(stats) -> str:
-    return f"{stats.drafted_blocks}/{stats.blocks} blocks drafted"
+    done = "copied" if stats.mode == "lookup" else "drafted"
+    return f"{stats.drafted_blocks}/{stats.blocks} blocks {done}"
 
 
 def _drafted_detail(stats) -> str:
@@ -51,7 +57,7 @@ def engine_summary(stats) -> str:
     """The turn's engine in words: "DFlash auto: 12/20 blocks drafted (b2–b8),
     8 plain"; "plain" without speculation."""
     label = mode_label(stats.mode, stats.block_size)
-    if stats.mode != "dflash" or not stats.blocks:
+    if stats.mode not in SPECULATING or not stats.blocks:
         return label
     text = f"{label}: {_drafted(stats)}{_drafted_detail(stats)}"
     if not stats.drafted_blocks:
@@ -63,15 +69,16 @@ def status_line(stats, note: str | None = None) -> Text:
     """Live numbers for the answer in progress: what the engine does (the last
     block's size and proposer, or plain; the share of blocks drafted), tok/s, τ."""
     t = Text()
-    drafting = stats.mode == "dflash" and stats.last_source is not None
-    fresh = stats.mode == "dflash" and stats.last_block_size is None
+    speculating = stats.mode in SPECULATING
+    drafting = speculating and stats.last_source is not None
+    fresh = speculating and stats.last_block_size is None
     t.append("● ", style="bold green" if drafting or fresh else "bold yellow")
     t.append(mode_label(stats.mode, stats.block_size), style="bold")
-    if stats.mode == "dflash" and stats.blocks:
+    if speculating and stats.blocks:
         t.append(_now(stats), style="bold" if drafting else "bold yellow")
         t.append(f" · {_drafted(stats)}")
     t.append(f"  {stats.generation_tps:7.1f} tok/s", style="cyan")
-    if stats.mode == "dflash":
+    if speculating:
         t.append(
             f"  τ {_fmt(stats.mean_accepted, '.2f')} "
             f"(last {_fmt(stats.last_accepted, 'd')})",
@@ -100,7 +107,7 @@ def summary_line(stats, note: str | None = None) -> Text:
         style="cyan",
     )
     t.append(f" · {engine_summary(stats)}")
-    if stats.mode == "dflash":
+    if stats.mode in SPECULATING:
         t.append(f" · τ {_fmt(stats.mean_accepted, '.2f')}", style="magenta")
     if stats.speedup:
         t.append(f" · {stats.speedup:.2f}× vs plain", style="bold green")

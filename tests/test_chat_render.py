@@ -270,3 +270,8 @@ def test_engine_line_names_the_proposer_once_the_engine_reports_it():
     assert "3/4 blocks drafted (b3–b5; draft 1, lookup 1, splice 1), 1 plain" in summary
     st = engine([response(4, source="lookup")])
     assert "now b4 lookup" in ui.status_line(st).plain
+    # no drafter, lookup on: plain steps and copies
+    st = engine([response(3, source="lookup"), response(1, source=None)], "lookup", 1)
+    assert "plain + lookup · now plain · 1/2 blocks copied" in ui.status_line(st).plain
+    summary = ui.summary_line(st).plain
+    assert "plain + lookup: 1/2 blocks copied (b3; lookup 1), 1 plain · τ" in summary
