@@ -110,7 +110,23 @@ def serve(
         600.0, "--request-timeout", min=1.0, help="Seconds per request."
     ),
     prompt_cache_bytes: str = typer.Option(
-        "2G", "--prompt-cache-bytes", help="Conversation caches kept (0 = none)."
+        "2G",
+        "--prompt-cache-bytes",
+        help="Prefix cache in RAM: prompts shared by requests and turns (0 = none).",
+    ),
+    prompt_cache_dir: str | None = typer.Option(
+        None,
+        "--prompt-cache-dir",
+        help="Folder the prefix cache spills to and reloads after a restart.",
+    ),
+    prompt_cache_disk_bytes: str = typer.Option(
+        "8G", "--prompt-cache-disk-bytes", help="Largest size of --prompt-cache-dir."
+    ),
+    prefill_chunk: int = typer.Option(
+        512,
+        "--prefill-chunk",
+        min=1,
+        help="Prompt tokens prefilled per turn between other requests' blocks.",
     ),
     max_body_bytes: str = typer.Option(
         "16M", "--max-body-bytes", help="Largest request body."
@@ -120,6 +136,12 @@ def serve(
     ),
     log_level: str = typer.Option("warning", "--log-level", help="uvicorn log level."),
     pipeline: bool = options.pipeline(),
+    lookup: bool = typer.Option(
+        True,
+        "--lookup/--no-lookup",
+        help="Prompt lookup: copy proposals from the conversation where the text "
+        "repeats, chosen per block against the drafter.",
+    ),
 ):
     """Serve the model over HTTP (OpenAI, Anthropic and Responses APIs)."""
     from dflash_mlx.serve import MissingExtra, require_serve_extra
@@ -136,7 +158,10 @@ def serve(
         ui.error(out, str(e))
         raise typer.Exit(1) from None
     size = parse_block_size(block_size) or "auto"
-    cache_bytes = parse_bytes(prompt_cache_bytes, "--prompt-cache-bytes")
+    cache = _engine_options(
+        prompt_cache_bytes, prompt_cache_dir, prompt_cache_disk_bytes, group
+    )
+    cache.update(prefill_chunk=prefill_chunk, lookup=lookup)  # alike on every rank
     body_bytes = parse_bytes(max_body_bytes, "--max-body-bytes")
     warning = host_warning(host, api_key)
     if warning:
@@ -145,7 +170,7 @@ def serve(
 
     if group is not None and not group.is_main:
         loaded, _ = _load(model, draft, no_draft, draft_bits, out, group)
-        _follow(group, loaded, size, cache_bytes)
+        _follow(group, loaded, size, cache)
         return
     try:
         sock = listen(host, port)  # before loading: a busy port fails fast
@@ -167,8 +192,8 @@ def serve(
             max_concurrency=max_concurrency,
             max_queue=max_queue,
             request_timeout=request_timeout,
-            prompt_cache_bytes=cache_bytes,
             max_body_bytes=body_bytes,
+            **cache,
             api_key=api_key,
         )
         _run(out, loaded, config, note, sock, host, log_level, group)
@@ -178,6 +203,21 @@ def serve(
     finally:
         sock.close()
     ui.info(out, "Server stopped.")
+
+
+def _engine_options(ram: str, folder: str | None, disk: str, group) -> dict:
+    """The ServeConfig fields of the prefix cache."""
+    if group is not None and folder is not None:
+        raise typer.BadParameter(
+            "is not supported on several ranks yet: leave it out (the prefix cache "
+            "then stays in RAM).",
+            param_hint="--prompt-cache-dir",
+        )
+    return dict(
+        prompt_cache_bytes=parse_bytes(ram, "--prompt-cache-bytes"),
+        prompt_cache_dir=folder,
+        prompt_cache_disk_bytes=parse_bytes(disk, "--prompt-cache-disk-bytes"),
+    )
 
 
 def _run(out, loaded, config, note, sock, host, log_level, group=None):
@@ -197,22 +237,25 @@ def _run(out, loaded, config, note, sock, host, log_level, group=None):
     )
 
 
-def _follow(group, loaded, block_size, cache_bytes):
-    """A rank other than 0: no HTTP, the same engine operations as rank 0."""
+def _follow(group, loaded, block_size, cache: dict):
+    """A rank other than 0: no HTTP, the same engine moves as rank 0."""
+    from dflash_mlx.engine.loop import as_target
+    from dflash_mlx.generate import wrap_tokenizer
     from dflash_mlx.serve.config import ServeConfig
     from dflash_mlx.serve.mirror import follow
-    from dflash_mlx.serve.scheduler import Job, start_generation
-    from dflash_mlx.serve.state import build_state
+    from dflash_mlx.serve.scheduler import Job
+    from dflash_mlx.serve.state import build_engine
 
-    config = ServeConfig(
-        model_id="follower", block_size=block_size, prompt_cache_bytes=cache_bytes
-    )
-    scheduler = build_state(*loaded, config).scheduler
-    follow(
-        group,
-        lambda job, cache: start_generation(scheduler, Job(**job), cache),
-        scheduler.pool.make_cache,
-    )
+    model, tokenizer, draft = loaded
+    config = ServeConfig(model_id="follower", block_size=block_size, **cache)
+    target = as_target(model, draft)
+    engine = build_engine(target, wrap_tokenizer(tokenizer), draft, config, True)
+    follow(group, engine, lambda job: Job(**{**job, **_tuples(job)}))
+
+
+def _tuples(job: dict) -> dict:
+    """A Job's tuple fields back from JSON lists."""
+    return {k: tuple(job[k]) for k in ("prompt", "boundaries")}
 
 
 def _url(host: str, port: int) -> str:

@@ -20,14 +20,21 @@ class OracleDraft(Model):
         self._len = 0
 
     def __call__(self, block_embeddings, cache):
-        self._pos = cache[0].offset
+        # a batch's caches (models/ragged.py) give each row's position
+        self._pos = getattr(cache[0], "positions", None) or cache[0].offset
         self._len = block_embeddings.shape[1]
         return super().__call__(block_embeddings, cache)
 
     def finalize_logits(self, logits):
-        return proposal_logits(
-            self.reference, self._pos, self._len, logits.shape[-1], self.wrong
-        )
+        vocab = logits.shape[-1]
+        if isinstance(self._pos, tuple):  # every row proposes the same continuation
+            return mx.stack(
+                [
+                    proposal_logits(self.reference, p, self._len, vocab, self.wrong)
+                    for p in self._pos
+                ]
+            )
+        return proposal_logits(self.reference, self._pos, self._len, vocab, self.wrong)
 
 
 def proposal_logits(reference, pos, length, vocab, wrong):
@@ -39,3 +46,30 @@ def proposal_logits(reference, pos, length, vocab, wrong):
             tok = (tok + 1) % vocab
         rows.append(tok)
     return mx.eye(vocab)[mx.array(rows)] * 100.0
+
+
+class RowOracleDraft(Model):
+    """A batch's oracle: each row proposes its own sequence's `reference` (the
+    member's, in `references`), wrong where `wrong(offset_in_block, position)`."""
+
+    def __init__(self, args, wrong=lambda k, i: False):
+        super().__init__(args)
+        self.wrong = wrong
+        self.batch = None  # the engine.batch.Batch whose rows these are
+        self.references: dict = {}  # member -> prompt + expected tokens
+        self._pos: tuple = ()
+        self._len = 0
+
+    def __call__(self, block_embeddings, cache):
+        self._pos = cache[0].positions
+        self._len = block_embeddings.shape[1]
+        return super().__call__(block_embeddings, cache)
+
+    def finalize_logits(self, logits):
+        rows = []
+        for row, pos in enumerate(self._pos):
+            member = self.batch.members[row] if row < len(self.batch.members) else None
+            reference = self.references.get(member, [])
+            vocab = logits.shape[-1]
+            rows.append(proposal_logits(reference, pos, self._len, vocab, self.wrong))
+        return mx.stack(rows)

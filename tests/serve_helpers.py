@@ -59,7 +59,8 @@ class FailingOracle(OracleDraft):
         self.fail_beyond = fail_beyond
 
     def __call__(self, block_embeddings, cache):
-        if cache[0].offset > self.fail_beyond:
+        positions = getattr(cache[0], "positions", None) or (cache[0].offset,)
+        if max(positions) > self.fail_beyond:
             raise RuntimeError("injected drafter failure")
         return super().__call__(block_embeddings, cache)
 

@@ -109,7 +109,7 @@ def _add_service_routes(app, state):
             "queue_depth": s.waiting,
             "max_concurrency": cfg.max_concurrency,
             "max_queue": cfg.max_queue,
-            "prompt_cache": {"entries": len(s.pool), "bytes": s.pool.nbytes},
+            "prompt_cache": s.engine.cache_report(),
         }
 
     @app.get("/metrics")

@@ -12,6 +12,7 @@ class ServeConfig:
     aliases: tuple[str, ...] = ()  # other model names requests may use
     strict_model_name: bool = False  # a name not served is a 404 (else: served anyway)
     block_size: int | str = "auto"
+    lookup: bool = True  # prompt lookup beside the drafter, chosen per block
     max_tokens: int = 4096  # cap per request (larger asks are clamped), and the default
     temperature: float = 0.0  # defaults for requests that give no sampling values
     top_p: float = 1.0
@@ -20,13 +21,18 @@ class ServeConfig:
     max_concurrency: int = 4
     max_queue: int = 16
     request_timeout: float = 600.0  # seconds, queueing included
-    prompt_cache_bytes: int = 2 << 30
+    prompt_cache_bytes: int = 2 << 30  # the prefix cache in RAM (0: none)
+    prompt_cache_dir: str | None = None  # where it spills to disk (None: RAM only)
+    prompt_cache_disk_bytes: int = 8 << 30
+    prefill_chunk: int = 512  # prompt tokens a turn, between the decoding steps
     max_body_bytes: int = 16 << 20
     api_key: str | None = None
 
     def __post_init__(self):
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}.")
+        if self.prefill_chunk < 1:
+            raise ValueError(f"prefill_chunk must be >= 1, got {self.prefill_chunk}.")
         if self.max_body_bytes < 1024:
             raise ValueError(
                 f"max_body_bytes must be at least 1024, got {self.max_body_bytes}."

@@ -34,6 +34,20 @@ class Metrics:
             buckets=list(range(1, max(max_block, 1) + 1)),
             registry=r,
         )
+        # per source of the verified proposals: the drafter, prompt lookup, a splice
+        # of both, or none ("plain": a decoding step)
+        self.source_blocks = Counter(
+            "dflash_blocks_by_source",
+            "Verify steps by what proposed their tokens: draft, lookup, splice, plain.",
+            ["source"],
+            registry=r,
+        )
+        self.source_tokens = Counter(
+            "dflash_tokens_by_source",
+            "Tokens committed by verify steps, by what proposed them.",
+            ["source"],
+            registry=r,
+        )
         self.ttft = Histogram(
             "dflash_time_to_first_token_seconds",
             "Seconds from a request's arrival to its first token (queueing included).",
@@ -52,6 +66,58 @@ class Metrics:
         Gauge(
             "dflash_active_requests", "Requests generating now.", registry=r
         ).set_function(lambda: scheduler.active)
+        self._prefix_cache(scheduler.engine, r)
+
+    @staticmethod
+    def _prefix_cache(engine, registry):
+        """Gauges read from the prefix cache's own counts when scraped."""
+        from prometheus_client import Gauge
+
+        def gauge(name: str, text: str, read):
+            Gauge(name, text, registry=registry).set_function(read)
+
+        store = engine.store
+        stats = store.stats
+        gauge(
+            "dflash_prefix_cache_hits",
+            "Requests served a cached prefix.",
+            lambda: stats.hits,
+        )
+        gauge(
+            "dflash_prefix_cache_misses",
+            "Requests with no cached prefix.",
+            lambda: stats.misses,
+        )
+        gauge(
+            "dflash_prefix_cache_reused_tokens",
+            "Prompt tokens served from it.",
+            lambda: stats.reused_tokens,
+        )
+        gauge(
+            "dflash_prefix_cache_evictions",
+            "Prefixes dropped from RAM.",
+            lambda: stats.evicted,
+        )
+        gauge(
+            "dflash_prefix_cache_bytes",
+            "Bytes the prefix cache holds in RAM.",
+            lambda: store.nbytes,
+        )
+        gauge(
+            "dflash_prefix_cache_disk_bytes",
+            "Bytes it holds on disk.",
+            lambda: store.spill.nbytes if store.spill else 0,
+        )
+        gauge(
+            "dflash_prefix_snapshot_seconds",
+            "Seconds spent taking snapshots.",
+            lambda: engine.snapshot_seconds,
+        )
+        gauge(
+            "dflash_decoding_kv_bytes",
+            "Bytes of the decoding batch's caches.",
+            lambda: engine.kv_bytes,
+        )
 
     def count(self, endpoint: str, status: str):
         self.requests.labels(endpoint, status).inc()
@@ -61,6 +127,9 @@ class Metrics:
             self.ttft.observe(event.elapsed)
         else:
             self.acceptance.observe(len(event.tokens))
+            source = getattr(event, "source", None) or "plain"
+            self.source_blocks.labels(source).inc()
+            self.source_tokens.labels(source).inc(len(event.tokens))
 
     def observe_end(self, endpoint: str, status: str, generation):
         self.count(endpoint, status)

@@ -1,11 +1,12 @@
 """The server on a target sharded over ranks (`mlx.launch ... dflash-mlx serve`).
 
-Rank 0 serves HTTP and runs the scheduler; every engine operation it performs (start a
-job on a pooled cache, advance a job by one block, end it, drop pooled caches) is first
-sent to the other ranks, which perform the same operation on their shard in the same
-order, so the model's collectives meet. The other ranks only follow: no HTTP, no output.
-While idle, both sides sleep between small "idle" messages: MLX's ring backend waits for
-a collective by spinning, so a follower blocked in one would keep a core busy.
+Rank 0 serves HTTP and runs the scheduler; every move its engine makes (admit a job
+with the prefix it restored, prefill a chunk, step the decoding sequences, end a job
+and the prefixes its store evicted) is sent to the other ranks, which make the same
+move on their shard in the same order, so the model's collectives meet. The other
+ranks only follow: no HTTP, no output. While idle, both sides sleep between small
+"idle" messages: MLX's ring backend waits for a collective by spinning, so a follower
+blocked in one would keep a core busy.
 """
 
 import json
@@ -24,14 +25,17 @@ class Mirror:
     def _send(self, **op):
         self.group.broadcast_text(json.dumps(op))
 
-    def start(self, run: int, job, cache: int | None):
-        self._send(op="start", run=run, job=asdict(job), cache=cache)
+    def admit(self, key: int, job, reused: int):
+        self._send(op="admit", key=key, job=asdict(job), reused=reused)
 
-    def step(self, run: int):
-        self._send(op="step", run=run)
+    def prefill(self, key: int):
+        self._send(op="prefill", key=key)
 
-    def end(self, run: int, keep_as: int | None, dropped: list[int]):
-        self._send(op="end", run=run, keep_as=keep_as, dropped=dropped)
+    def step(self):
+        self._send(op="step")
+
+    def end(self, key: int, keep: bool, evicted: list):
+        self._send(op="end", key=key, keep=keep, evicted=[list(p) for p in evicted])
 
     def idle(self):
         self._send(op="idle")
@@ -41,35 +45,35 @@ class Mirror:
         self._send(op="stop")
 
 
-def follow(group, start_generation, make_cache):
-    """A follower rank's loop: do what rank 0 says until it stops.
+def follow(group, engine, make_job):
+    """A follower rank's loop: make rank 0's moves on `engine` until it stops.
 
-    `start_generation(job_dict, cache)` returns a generator like the scheduler's;
-    `make_cache()` a fresh PromptCache."""
-    pooled: dict[int, object] = {}
-    runs: dict[int, tuple] = {}
+    `make_job(dict)` rebuilds a scheduler Job from what rank 0 sent."""
     while True:
         op = json.loads(group.broadcast_text(None))
         kind = op["op"]
         if kind == "stop":
-            for gen, _ in runs.values():
-                gen.close()
             return
         if kind == "idle":
             time.sleep(IDLE_SLEEP)
-        elif kind == "start":
-            cache = pooled.pop(op["cache"], None) if op["cache"] is not None else None
-            cache = cache or make_cache()
-            runs[op["run"]] = (start_generation(op["job"], cache), cache)
-        elif kind == "step":
-            try:
-                next(runs[op["run"]][0])
-            except Exception:  # rank 0 meets the same end and decides what follows
-                pass
-        elif kind == "end":
-            gen, cache = runs.pop(op["run"])
-            gen.close()
-            if op["keep_as"] is not None:
-                pooled[op["keep_as"]] = cache
-            for cache_id in op["dropped"]:
-                pooled.pop(cache_id, None)
+            continue
+        try:
+            _move(engine, op, make_job)
+        except Exception:  # rank 0 meets the same failure and decides what follows
+            if kind == "step":
+                engine.drop_decoding()
+
+
+def _move(engine, op: dict, make_job):
+    kind = op["op"]
+    if kind == "admit":
+        engine.admit(op["key"], make_job(op["job"]), op["reused"])
+    elif kind == "prefill":
+        engine.prefill(engine.sequences[op["key"]])
+    elif kind == "step":
+        engine.step()
+    elif kind == "end":
+        if op["key"] in engine.sequences:
+            engine.end(op["key"], op["keep"])
+        for path in op["evicted"]:
+            engine.store.forget(tuple(path))

@@ -1,11 +1,12 @@
 """The engine thread: the only code in the server that touches MLX.
 
 HTTP handlers submit a `Job` (token ids and sampling options) and read plain-Python
-events from their `Ticket`. Up to `max_concurrency` jobs are active at once and advance
-one verified block each in turn (round-robin over their `stream_generate` generators,
-each with its own `PromptCache` from the pool); the rest wait in a bounded queue. A
-cancelled or timed-out job is closed at its next block: closing the generator rolls the
-block in flight back, so its cache stays consistent and goes back to the pool.
+events from their `Ticket`. Up to `max_concurrency` jobs are worked on at once by one
+`ServeEngine` (serve/engine.py): each is restored from the prefix cache, prefilled in
+chunks taken in turn with the decoding steps (so a long prompt does not stall the
+others), then decoded in one batch with every other job, one verified block per job
+per step. The rest wait in a bounded queue. A cancelled or timed-out job ends at the
+next turn; its caches go to the prefix cache.
 """
 
 import asyncio
@@ -13,11 +14,7 @@ import logging
 import queue
 import threading
 import time
-from collections import deque
-from collections.abc import Generator
 from dataclasses import dataclass
-
-from ..models.cache import PromptCache
 
 log = logging.getLogger("dflash_mlx.serve")
 
@@ -34,6 +31,8 @@ class Job:
     min_p: float = 0.0
     seed: int | None = None
     logprobs: int = 0  # alternatives per token to report; 0 = none
+    # prompt positions worth a prefix-cache snapshot (e.g. the end of the system part)
+    boundaries: tuple[int, ...] = ()
 
 
 @dataclass
@@ -51,6 +50,7 @@ class BlockEvent:
     prompt_tps: float
     generation_tps: float
     elapsed: float  # seconds since the job was submitted
+    source: str | None = None  # what proposed the block: "draft", "lookup", "splice"
 
 
 @dataclass
@@ -89,7 +89,7 @@ class Ticket:
         self._cancel = threading.Event()
 
     def cancel(self):
-        """Stop the job at its next block (no-op once it has ended)."""
+        """Stop the job at its next turn (no-op once it has ended)."""
         self._cancel.set()
 
     @property
@@ -108,25 +108,13 @@ class Ticket:
             self.cancel()
 
 
-@dataclass
-class _Run:
-    ticket: Ticket
-    cache: PromptCache
-    gen: Generator  # stream_generate's
-    number: int  # the run's id for the mirror
-
-
 class Scheduler:
-    """Owns the model, the drafter and the prompt pool; runs jobs on one thread."""
+    """Owns the engine; runs jobs on one thread."""
 
     def __init__(
         self,
-        target,
-        tokenizer,
-        draft,
-        pool,
+        engine,
         *,
-        block_size="auto",
         max_concurrency: int = 4,
         max_queue: int = 16,
         timeout: float = 600.0,
@@ -137,18 +125,17 @@ class Scheduler:
                 "max_concurrency must be >= 1, max_queue >= 0 and timeout > 0; got "
                 f"{max_concurrency}, {max_queue}, {timeout}."
             )
-        self.target, self.tokenizer, self.draft = target, tokenizer, draft
-        self.pool = pool
-        self.block_size = block_size
+        self.engine = engine
         self.max_concurrency, self.timeout = max_concurrency, timeout
         self._waiting: queue.Queue = queue.Queue()  # bounded by submit
         self._max_queue = max_queue
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.active = 0  # jobs generating now (written by the engine thread only)
-        # a sharded target: every engine operation is first told to the other ranks
-        self.mirror = mirror
-        self._runs = 0
+        self.active = 0  # jobs being worked on (written by the engine thread only)
+        self.mirror = mirror  # a sharded target: every move is told to the other ranks
+        self._tickets: dict[int, Ticket] = {}
+        self._keys = 0
+        self._prefill_turn = True
 
     # -- HTTP side -----------------------------------------------------------------
     @property
@@ -160,7 +147,6 @@ class Scheduler:
         if self._stop.is_set() or self._thread is None:
             raise ShuttingDown("The server is shutting down.")
         ticket = Ticket(job, loop, self.timeout)
-        # free active slots count as room too: the engine admits from the queue
         room = self._max_queue + max(0, self.max_concurrency - self.active)
         if self.waiting >= room:
             raise QueueFull(
@@ -200,19 +186,12 @@ class Scheduler:
             mx.clear_streams()
 
     def _serve_jobs(self):
-        active: deque[_Run] = deque()
         busy = False
         while not self._stop.is_set():
-            while len(active) < self.max_concurrency:
-                try:  # wait a little only when there is nothing else to do
-                    ticket = self._waiting.get(block=not active, timeout=0.1)
-                except queue.Empty:
-                    break
-                run = self._admit(ticket)
-                if run is not None:
-                    active.append(run)
-            self.active = len(active)
-            if not active:
+            self._admit_waiting()
+            self._expire()
+            self.active = len(self._tickets)
+            if not self._tickets:
                 if busy:
                     self._on_idle()
                 busy = False
@@ -220,84 +199,110 @@ class Scheduler:
                     self.mirror.idle()
                 continue
             busy = True
-            run = active.popleft()
-            if self._step(run):
-                active.append(run)
-            self.active = len(active)
-        self._fail_everything(active)
+            self._turn()
+        self._fail_everything()
 
-    def _admit(self, ticket: Ticket) -> _Run | None:
-        if ticket.cancelled:
-            ticket.send(Finished("cancelled"))
-            return None
-        if time.monotonic() > ticket.deadline:
-            ticket.send(self.timeout_failure())
-            return None
+    def _turn(self):
+        """One prefill chunk or one decoding step, alternating while both wait."""
+        engine = self.engine
+        prefilling = [s for s in engine.sequences.values() if s.prefilling]
+        decoding = len(engine.decoding) > 0
+        if prefilling and (self._prefill_turn or not decoding):
+            self._prefill(prefilling[0])
+        elif decoding:
+            self._step()
+        self._prefill_turn = not self._prefill_turn
+
+    def _admit_waiting(self):
+        while len(self._tickets) < self.max_concurrency:
+            try:  # wait a little only when there is nothing else to do
+                ticket = self._waiting.get(block=not self._tickets, timeout=0.1)
+            except queue.Empty:
+                return
+            if ticket.cancelled:
+                ticket.send(Finished("cancelled"))
+            elif time.monotonic() > ticket.deadline:
+                ticket.send(self.timeout_failure())
+            else:
+                self._admit(ticket)
+
+    def _admit(self, ticket: Ticket):
+        key, self._keys = self._keys, self._keys + 1
         try:
-            return self._start(ticket)
+            seq = self.engine.admit(key, ticket.job)
+            if self.mirror is not None:
+                self.mirror.admit(key, ticket.job, seq.reused)
         except Exception as e:  # a bad job must not stop the engine
             log.exception("could not start a generation")
             ticket.send(Failed(500, f"Generation failed: {e}", "generation_error"))
-            return None
+            return
+        self._tickets[key] = ticket
 
-    def _start(self, ticket: Ticket) -> _Run:
-        job = ticket.job
-        cache, pool_id = self.pool.take(job.prompt)
-        number, self._runs = self._runs, self._runs + 1
-        if self.mirror is not None:
-            self.mirror.start(number, job, pool_id)
-        return _Run(ticket, cache, start_generation(self, job, cache), number)
+    def _expire(self):
+        now = time.monotonic()
+        for key, ticket in list(self._tickets.items()):
+            if ticket.cancelled:
+                self._end(key, Finished("cancelled"))
+            elif now > ticket.deadline:
+                self._end(key, self.timeout_failure())
 
-    def _step(self, run: _Run) -> bool:
-        """Advance `run` by one block; False once it has ended."""
-        ticket = run.ticket
-        if ticket.cancelled:
-            return self._end(run, Finished("cancelled"))
-        if time.monotonic() > ticket.deadline:
-            return self._end(run, self.timeout_failure())
+    def _prefill(self, seq):
         try:
             if self.mirror is not None:
-                self.mirror.step(run.number)
-            r = next(run.gen)
-        except StopIteration:
-            return self._end(run, Finished("done"))
-        except ValueError as e:  # the engine's input checks: the request's fault
-            failure = Failed(400, str(e), "invalid_request_error")
-            return self._end(run, failure, keep_cache=False)
+                self.mirror.prefill(seq.key)
+            block = self.engine.prefill(seq)
         except Exception as e:
+            log.exception("prefill failed")
+            failure = Failed(500, f"Generation failed: {e}", "generation_error")
+            self._end(seq.key, failure, keep=False)
+            return
+        if block is not None:
+            self._deliver(seq, block, first=True)
+
+    def _step(self):
+        try:
+            if self.mirror is not None:
+                self.mirror.step()
+            blocks = self.engine.step()
+        except Exception as e:  # the decoding caches are in an unknown state
             log.exception("generation failed")
             failure = Failed(500, f"Generation failed: {e}", "generation_error")
-            return self._end(run, failure, keep_cache=False)
-        block = _block_event(r, ticket)
-        if r.finish_reason is not None:
-            return self._end(run, Finished("done"), last_block=block)
-        ticket.send(block)
-        return True
+            failed = [s.key for s in self.engine.sequences.values() if not s.prefilling]
+            self.engine.drop_decoding()
+            for key in failed:
+                self._end(key, failure, keep=False)
+            return
+        for seq, block in blocks:
+            self._deliver(seq, block)
 
-    def _end(
-        self,
-        run: _Run,
-        event,
-        keep_cache: bool = True,
-        last_block: BlockEvent | None = None,
-    ) -> bool:
-        """Close the generation and free its slot, then send its last events: a client
-        that answers at once (a follow-up turn, /health) finds its cache in the pool."""
-        kept, dropped = None, []
+    def _deliver(self, seq, block, first: bool = False):
+        ticket = self._tickets[seq.key]
+        reason = None
+        if block.finished:
+            reason = "stop"
+        elif seq.produced >= seq.job.max_tokens:
+            reason = "length"
+        event = _block_event(seq, block, ticket, reason, first)
+        if reason is None:
+            ticket.send(event)
+        else:
+            self._end(seq.key, Finished("done"), last_block=event)
+
+    def _end(self, key: int, event, keep: bool = True, last_block=None):
+        """End job `key` and free its slot, then send its last events: a client that
+        answers at once (a follow-up turn, /health) finds its prefix cached."""
+        ticket = self._tickets.pop(key)
         try:
-            run.gen.close()  # rolls back a block still in flight
+            if key in self.engine.sequences:
+                evicted = self.engine.end(key, keep)
+                if self.mirror is not None:
+                    self.mirror.end(key, keep, evicted)
         except Exception:
-            log.exception("closing a generation failed")
-            keep_cache = False
-        if keep_cache:
-            kept, dropped = self.pool.give_back(run.cache)
-        if self.mirror is not None:
-            self.mirror.end(run.number, kept, dropped)
-        self.active = max(0, self.active - 1)
+            log.exception("ending a generation failed")
+        self.active = len(self._tickets)
         if last_block is not None:
-            run.ticket.send(last_block)
-        run.ticket.send(event)
-        return False
+            ticket.send(last_block)
+        ticket.send(event)
 
     def timeout_failure(self) -> Failed:
         return Failed(
@@ -312,50 +317,36 @@ class Scheduler:
 
         mx.clear_cache()  # give freed buffers back while nothing runs
 
-    def _fail_everything(self, active: deque):
+    def _fail_everything(self):
         failure = Failed(503, "The server is shutting down.", "server_shutting_down")
-        for run in active:
-            self._end(run, failure)
+        for key in list(self._tickets):
+            self._end(key, failure)
         while True:
             try:
                 self._waiting.get_nowait().send(failure)
             except queue.Empty:
                 break
         self.active = 0
+        try:
+            self.engine.close()
+        except Exception:
+            log.exception("could not keep the prompt cache on disk")
 
 
-def start_generation(scheduler: Scheduler, job: Job, cache: PromptCache) -> Generator:
-    """`job`'s stream_generate on `cache` (follower ranks call it with the same job)."""
-    from ..generate import stream_generate
-
-    return stream_generate(
-        scheduler.target,
-        scheduler.draft,
-        scheduler.tokenizer,
-        list(job.prompt),
-        block_size=scheduler.block_size,
-        max_tokens=job.max_tokens,
-        temperature=job.temperature,
-        top_p=job.top_p,
-        top_k=job.top_k,
-        min_p=job.min_p,
-        prompt_cache=cache,
-        seed=job.seed,  # its own random keys: no cross-talk between requests
-        logprobs=job.logprobs,
-    )
-
-
-def _block_event(r, ticket: Ticket) -> BlockEvent:
+def _block_event(seq, block, ticket: Ticket, reason: str | None, first: bool):
+    now = time.perf_counter()
+    prompt = len(seq.job.prompt)
     return BlockEvent(
-        tokens=list(r.tokens),
-        from_draft=r.from_draft,
-        block_size=r.block_size,
-        first=r.accepted is None,
-        finish_reason=r.finish_reason,
-        logprobs=r.logprobs,  # already Python values
-        prompt_tokens=r.prompt_tokens,
-        reused_tokens=r.reused_tokens,
-        prompt_tps=r.prompt_tps,
-        generation_tps=r.generation_tps,
+        tokens=list(block.tokens),
+        from_draft=block.from_draft,
+        block_size=block.block_size,
+        first=first,
+        finish_reason=reason,
+        logprobs=block.logprobs,
+        prompt_tokens=prompt,
+        reused_tokens=seq.reused,
+        prompt_tps=(prompt - seq.reused) / max(seq.prefill_seconds, 1e-9),
+        generation_tps=seq.produced / max(now - seq.decode_start, 1e-9),
         elapsed=time.monotonic() - ticket.submitted,
+        source=block.source,
     )

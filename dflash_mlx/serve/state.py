@@ -35,15 +35,13 @@ class ServerState:
 def build_state(
     model, tokenizer, draft, config: ServeConfig, mirror=None
 ) -> ServerState:
-    """Wrap the loaded pair and make the engine, its prompt pool and the metrics."""
+    """Wrap the loaded pair and make the engine, its prefix cache and the metrics."""
     from mlx_lm.generate import TextStateMachine, make_text_state_machine
 
     from ..engine.loop import as_target
-    from ..engine.policy import AdaptiveBlockSize
-    from ..generate import make_prompt_cache, wrap_tokenizer
+    from ..generate import wrap_tokenizer
     from ..loading.resolve import context_length
     from .metrics import Metrics
-    from .prompt_pool import PromptPool
     from .scheduler import Scheduler
 
     if draft is not None:
@@ -52,20 +50,9 @@ def build_state(
         check_compatible(model, draft)
     target = as_target(model, draft)
     tokenizer = wrap_tokenizer(tokenizer)
-    block_size: int | str | AdaptiveBlockSize = (
-        config.block_size if draft is not None else 1
-    )
-    if block_size == "auto":  # one policy for all requests: what it learns carries over
-        block_size = AdaptiveBlockSize.for_drafter(draft)
-    pool = PromptPool(
-        lambda: make_prompt_cache(target, draft), config.prompt_cache_bytes
-    )
+    engine = build_engine(target, tokenizer, draft, config)
     scheduler = Scheduler(
-        target,
-        tokenizer,
-        draft,
-        pool,
-        block_size=block_size,
+        engine,
         max_concurrency=config.max_concurrency,
         max_queue=config.max_queue,
         timeout=config.request_timeout,
@@ -83,3 +70,48 @@ def build_state(
         raw_machine=TextStateMachine(),
         context_length=context_length(target.model),
     )
+
+
+def build_engine(target, tokenizer, draft, config: ServeConfig, follower=False):
+    """The engine, with one block-size policy for every request (what it learns
+    carries over) and the prefix cache (a follower rank's keeps what rank 0 keeps)."""
+    import sys
+
+    from ..engine.policy import AdaptiveBlockSize
+    from ..generate import make_prompt_cache
+    from ..models.prefix import PrefixStore
+    from .engine import ServeEngine
+
+    block_size: int | str | AdaptiveBlockSize = (
+        config.block_size if draft is not None else 1
+    )
+    if block_size == "auto":
+        block_size = AdaptiveBlockSize.for_drafter(draft)
+    budget = config.prompt_cache_bytes
+    if follower and budget:
+        budget = sys.maxsize  # it forgets what rank 0's store evicts, no more
+    spill = None if follower else open_spill(target, draft, config)
+    store = PrefixStore(lambda: make_prompt_cache(target, draft), budget, spill)
+    stops = frozenset(tokenizer.eos_token_ids)
+    return ServeEngine(
+        target, draft, stops, store, block_size, prefill_chunk=config.prefill_chunk
+    )
+
+
+def open_spill(target, draft, config: ServeConfig):
+    """The disk side of the prefix cache (--prompt-cache-dir), or None."""
+    import logging
+
+    from .. import __version__
+    from ..models.prefix_disk import DiskSpill, FolderBusy, fingerprint
+
+    if config.prompt_cache_dir is None or not config.prompt_cache_disk_bytes:
+        return None
+    mark = fingerprint(target, draft, __version__)
+    try:
+        return DiskSpill(config.prompt_cache_dir, config.prompt_cache_disk_bytes, mark)
+    except FolderBusy as e:
+        logging.getLogger("dflash_mlx.serve").warning(
+            "%s The prompt cache stays in RAM only.", e
+        )
+        return None

@@ -1,0 +1,266 @@
+"""Several sequences decoded together: one drafter forward and one target forward per
+step verify a block of every sequence (continuous batching of DFlash blocks).
+
+Each sequence keeps its own sampling parameters, seed, stop tokens, budget and
+logprobs; they share the block size (one policy for the batch). A sequence joins after
+its prompt is prefilled alone (`join` makes its PromptCache a row of the batch's
+caches, models/ragged.py) and leaves between steps (`leave` gives its row back as a
+PromptCache, e.g. to the prefix cache). Free rows are reused, and the caches are
+compacted when most rows are free.
+
+Each committed token is the target's own choice at its position (its argmax, its
+seeded draw, or a rejection-sampling draw), exactly as in engine/loop.py, so a
+sequence gets the tokens it gets alone wherever the target's kernels compute a row the
+same whatever rows are computed beside it (docs/design-and-losslessness.md).
+"""
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from ..models.cache import PromptCache
+from ..models.draft_head import DraftHead
+from ..models.ragged import BatchCaches
+from ..models.target import Target
+from ..sampling import SamplingParams, SeededNoise, token_logprobs
+from .lockstep import Lockstep, shared_seed
+from .loop import Block
+from .policy import FixedBlockSize
+from .step import accept, logprob_rows
+
+
+@dataclass(frozen=True)
+class Request:
+    """What one sequence asks of the batch."""
+
+    params: SamplingParams = SamplingParams()
+    max_tokens: int = 256  # -1: until a stop token
+    stop_tokens: frozenset = frozenset()
+    seed: int | None = None
+    logprobs: int = 0
+
+
+@dataclass(eq=False)
+class Member:
+    """A sequence in the batch."""
+
+    request: Request
+    row: int
+    last: int  # the last committed token: its features are not computed yet
+    tokens: list[int]  # what the caches hold (every committed token but `last`)
+    produced: int  # tokens committed so far, the prefill's first included
+    seeded: SeededNoise | None = None
+    # features of committed tokens the drafter has not absorbed yet
+    unabsorbed: list[mx.array] = field(default_factory=list)
+
+    @property
+    def room(self) -> float:
+        budget = self.request.max_tokens
+        return float("inf") if budget < 0 else budget - self.produced
+
+
+class Batch:
+    """The sequences decoding now, and one verify step for all of them."""
+
+    def __init__(self, target: Target, draft, block_size=1):
+        self.target, self.draft = target, draft
+        policy = FixedBlockSize(block_size) if isinstance(block_size, int) else None
+        self.policy = policy or block_size
+        if draft is None:
+            self.policy = FixedBlockSize(1)
+        elif target.group is not None and policy is None:
+            self.policy = Lockstep(self.policy, target.group)  # rank 0's choices
+        self.mask_id = draft.args.mask_token_id if draft is not None else 0
+        self.head = DraftHead.for_drafter(target, draft) if draft is not None else None
+        self.caches: BatchCaches | None = None
+        self.members: list[Member | None] = []  # by row; None: a free row
+
+    @property
+    def active(self) -> list[Member]:
+        return [m for m in self.members if m is not None]
+
+    def __len__(self) -> int:
+        return len(self.active)
+
+    @property
+    def nbytes(self) -> int:
+        return 0 if self.caches is None else self.caches.nbytes
+
+    # -- joining and leaving --------------------------------------------------------
+    def join(self, request: Request, cache: PromptCache, first: int) -> Member:
+        """Add a sequence whose prompt `cache` holds, `first` its committed token."""
+        if self.caches is None:
+            self.caches = BatchCaches(self.target, self.draft)
+        row = next((i for i, m in enumerate(self.members) if m is None), None)
+        if row is None:
+            row = len(self.members)
+            self.members.append(None)
+            self.caches.add_rows(1)
+        self.caches.put(row, cache)
+        seeded = None
+        seed = request.seed
+        if seed is None and self.target.group is not None:
+            seed = shared_seed(self.target.group)  # every rank draws alike
+        if seed is not None and not request.params.greedy:
+            seeded = SeededNoise(seed)
+        member = Member(request, row, first, list(cache.tokens), 1, seeded)
+        self.members[row] = member
+        return member
+
+    @property
+    def _caches(self) -> BatchCaches:
+        assert self.caches is not None, "no sequence has joined"
+        return self.caches
+
+    def leave(self, member: Member, into: PromptCache) -> PromptCache:
+        """Remove `member`; `into` (a fresh PromptCache) gets its row's caches."""
+        self._absorb([member])
+        self._caches.take(member.row, into)
+        into.tokens = list(member.tokens)
+        self.members[member.row] = None
+        self._compact()
+        return into
+
+    def _compact(self):
+        live = [i for i, m in enumerate(self.members) if m is not None]
+        if not live:
+            self.caches, self.members = None, []
+        elif len(live) * 2 <= len(self.members):  # a copy of every row pays now
+            self.caches.keep_rows(live)
+            self.members = [self.members[i] for i in live]
+            for row, member in enumerate(self.members):
+                member.row = row
+
+    # -- one step -------------------------------------------------------------------
+    def step(self) -> list[tuple[Member, Block]]:
+        """Verify one block of every sequence (one sync): each one's new tokens."""
+        members = self.active
+        if not members:
+            return []
+        start = time.perf_counter()
+        room = min(m.room for m in members)
+        size = self.policy.next(limit=int(min(room, 1 << 30)))
+        drafts = q_rows = None
+        if size > 1:
+            self._absorb(members)
+            drafts, q_rows = self._draft(members, size)
+        ids = self._lasts()[:, None]
+        if drafts is not None:
+            ids = mx.concatenate([ids, drafts.astype(ids.dtype)], axis=1)
+        tape: list | None = [] if self.target.recurrent else None
+        hidden, features = self.target(ids, self._caches.target, tape)
+        logits = self.target.logits(hidden)
+        results, logprobs = self._accept(members, drafts, q_rows, logits, size)
+        mx.eval(results, *[a for rows in logprobs.values() for a in rows])
+        rows = results.tolist()
+        seconds = time.perf_counter() - start
+        return self._commit(members, rows, logprobs, features, tape, size, seconds)
+
+    def _lasts(self) -> mx.array:
+        lasts = [0] * len(self.members)  # free rows verify a dummy token, kept never
+        for m in self.active:
+            lasts[m.row] = m.last
+        return mx.array(lasts)
+
+    def _noise(self, member: Member, size: int):
+        """A seeded sequence's noise for the block's positions after `last`."""
+        if member.seeded is None:
+            return None
+        position = len(member.tokens) + 1
+        return member.seeded.at(position, size, self.target.vocab_size)
+
+    def _draft(self, members, size: int):
+        """Proposals (rows, size - 1) for every row, and the q rows of the sampled."""
+        target, draft, head = self.target, self.draft, self.head
+        assert head is not None  # a drafter's batch
+        lasts = self._lasts()[:, None]
+        masks = mx.full((lasts.shape[0], size - 1), self.mask_id, lasts.dtype)
+        block = mx.concatenate([lasts, masks], axis=1)
+        h = target.embed(block)
+        if draft.args.input_embedding_scale != 1.0:
+            h = h * draft.args.input_embedding_scale
+        h = draft(h, self._caches.draft)[:, 1:]
+        logits = draft.finalize_logits(head(h.astype(target.dtype)))
+        argmax = head.to_target(mx.argmax(logits, axis=-1), None)[0]
+        rows = [argmax[i] for i in range(len(self.members))]
+        q_rows: dict[int, mx.array] = {}
+        for m in members:
+            params = m.request.params
+            if params.greedy and draft.argmax_proposals:
+                continue  # the argmax above is its proposal
+            noise = self._noise(m, size)
+            if noise is not None:
+                noise = noise[: size - 1]
+                noise = noise if head.vocab is None else noise[:, head.vocab]
+            picked, q = draft.propose(
+                h[m.row], logits[m.row], block[m.row, 0], params, noise
+            )
+            rows[m.row], q = head.to_target(picked, q)
+            if q is not None:
+                q_rows[m.row] = q
+        return mx.stack(rows), q_rows
+
+    def _accept(self, members, drafts, q_rows, logits, size):
+        """(rows, 1 + size) ints, each row its accepted drafts then the tokens it
+        commits; and the logprob arrays of the rows that asked for them."""
+        out = [mx.zeros((1 + size,), mx.int32)] * len(self.members)
+        logprobs = {}
+        for m in members:
+            d = None if drafts is None else drafts[m.row]
+            q = None if q_rows is None else q_rows.get(m.row)
+            params, noise = m.request.params, self._noise(m, size)
+            accepted, emitted = accept(params, d, q, logits[m.row], noise)
+            out[m.row] = mx.concatenate(
+                [accepted[None].astype(mx.int32), emitted.astype(mx.int32)]
+            )
+            if m.request.logprobs > 0:
+                top = m.request.logprobs
+                logprobs[m.row] = token_logprobs(logits[m.row], emitted, top)
+        return mx.stack(out), logprobs
+
+    def _commit(self, members, rows, logprobs, features, tape, size, seconds):
+        """Keep each row's committed tokens; roll every row back to them."""
+        blocks, keeps = [], [0] * len(self.members)
+        for m in members:
+            accepted, emitted = rows[m.row][0], rows[m.row][1:]
+            tokens = emitted[: accepted + 1]
+            stops = (i + 1 for i, t in enumerate(tokens) if t in m.request.stop_tokens)
+            tokens = tokens[: int(min(next(stops, len(tokens)), m.room))]
+            keeps[m.row] = len(tokens)
+            if self.draft is not None:
+                m.unabsorbed.append(features[m.row : m.row + 1, : len(tokens)])
+            m.tokens.append(m.last)
+            m.tokens.extend(tokens[:-1])
+            m.last, m.produced = tokens[-1], m.produced + len(tokens)
+            block = Block(
+                tokens,
+                min(accepted, len(tokens)),
+                size,
+                tokens[-1] in m.request.stop_tokens,
+                logprobs=logprob_rows(logprobs.get(m.row), len(tokens)),
+                source="draft" if size > 1 else None,
+            )
+            blocks.append((m, block))
+            self.policy.observe(size, accepted, seconds, verified=size)
+        self.target.rollback_rows(self._caches.target, tape or [], keeps)
+        return blocks
+
+    def _absorb(self, members: Sequence[Member]):
+        """Feed the drafter the features it has not seen, every row at once."""
+        pending = [m for m in members if m.unabsorbed]
+        if self.draft is None or not pending:
+            return
+        counts = [0] * len(self.members)
+        parts = {}
+        for m in pending:
+            parts[m.row] = mx.concatenate(m.unabsorbed, axis=1)
+            counts[m.row] = parts[m.row].shape[1]
+            m.unabsorbed.clear()
+        width, like = max(counts), next(iter(parts.values()))
+        padded = []
+        for row in range(len(self.members)):
+            part = parts.get(row, like[:, :0])
+            padded.append(mx.pad(part, [(0, 0), (0, width - part.shape[1]), (0, 0)]))
+        self.draft.absorb(mx.concatenate(padded, axis=0), self._caches.draft, counts)

@@ -1,0 +1,47 @@
+"""A prompt into the caches, and the first token after it: the part of a generation
+before any block is verified (engine/loop.py runs it for one sequence; the server
+runs it in chunks, one sequence at a time, between the batch's steps)."""
+
+import mlx.core as mx
+
+from ..models.cache import PromptCache
+from ..models.target import Target
+from ..sampling import SamplingParams, SeededNoise, token_logprobs
+from .step import TokenLogprobs, accept, logprob_rows
+
+
+def prefill(
+    target: Target, draft, cache: PromptCache, ids: list[int], step: int
+) -> mx.array:
+    """Feed `ids` through the target (and their features to the drafter), `step`
+    tokens a forward; the last position's logits."""
+    for start in range(0, len(ids), step):
+        chunk = mx.array(ids[start : start + step])[None]
+        hidden, features = target(chunk, cache.target)
+        if draft is not None:
+            draft.absorb(features, cache.draft)
+        if start + step < len(ids):
+            mx.eval([c.state for c in cache.target + (cache.draft or [])])
+            mx.clear_cache()
+    cache.tokens.extend(ids)
+    return target.logits(hidden[:, -1])[0]
+
+
+def first_token(
+    target: Target,
+    params: SamplingParams,
+    seeded: SeededNoise | None,
+    logits: mx.array,
+    position: int,
+    top: int = 0,
+) -> tuple[int, list[TokenLogprobs] | None]:
+    """The token after the prompt (at `position`) from its logits, drawn as the
+    engine draws every token, and its logprob rows when `top` > 0 (one sync)."""
+    noise = None
+    if seeded is not None and not params.greedy:
+        noise = seeded.at(position, 1, target.vocab_size)
+    sampled = accept(params, None, None, logits[None], noise)[1][0]
+    rows = None
+    if top > 0:
+        rows = logprob_rows(token_logprobs(logits[None], sampled[None], top), 1)
+    return int(sampled.item()), rows

@@ -1,0 +1,256 @@
+"""The server's MLX side: prompts restored from the prefix cache, prefilled in chunks,
+then decoded together in one batch (engine/batch.py).
+
+`ServeEngine` makes explicit moves: admit a job, prefill one chunk of a sequence, step
+the decoding sequences, end a sequence. The scheduler decides when each happens; on a
+sharded target every rank makes the same moves in the same order (serve/mirror.py).
+Targets whose caches cannot be batched (models/ragged.py says which) decode one block
+per sequence per step instead, each on its own caches.
+"""
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import mlx.core as mx
+
+from ..engine.batch import Batch, Request
+from ..engine.lockstep import shared_seed
+from ..engine.loop import Block, generate_blocks
+from ..engine.prefill import first_token, prefill
+from ..models.cache import PromptCache
+from ..models.prefix import PrefixStore, take_snapshot
+from ..models.ragged import BatchCaches
+from ..sampling import SamplingParams, SeededNoise
+
+if TYPE_CHECKING:
+    from .scheduler import Job
+
+log = logging.getLogger("dflash_mlx.serve")
+
+LADDER = 8  # at most this many snapshots inside one long prompt (recurrent targets)
+LADDER_STEP = 1024  # ... at least this many tokens apart
+
+
+@dataclass(eq=False)
+class Sequence:
+    """One request from admission to its end."""
+
+    key: int
+    job: "Job"
+    cache: PromptCache | None  # its own caches while prefilling
+    reused: int  # prompt tokens the prefix cache served
+    todo: list[int]  # prompt tokens still to prefill
+    points: list[int]  # positions to snapshot at, ahead of the prefill
+    snapshots: dict = field(default_factory=dict)
+    member: Any = None  # its place among the decoding sequences
+    prefill_seconds: float = 0.0
+    decode_start: float = 0.0
+    produced: int = 0  # tokens committed, the prefill's first included
+
+    @property
+    def prefilling(self) -> bool:
+        return self.member is None
+
+
+class ServeEngine:
+    """Every sequence the server is working on, and the moves that advance them."""
+
+    def __init__(
+        self,
+        target,
+        draft,
+        stop_tokens: frozenset,
+        store: PrefixStore,
+        block_size,
+        prefill_chunk: int = 512,
+    ):
+        self.target, self.draft, self.store = target, draft, store
+        self.stop_tokens, self.prefill_chunk = stop_tokens, prefill_chunk
+        reason = BatchCaches.supports(target)
+        if reason is not None:
+            log.warning("decoding one sequence at a time: %s", reason)
+        lane = Batch if reason is None else Solo
+        self.decoding = lane(target, draft, block_size)
+        self.sequences: dict[int, Sequence] = {}
+        self.snapshot_seconds = 0.0  # taking prefix-cache snapshots, in all
+
+    def admit(self, key: int, job, reuse: int | None = None) -> Sequence:
+        """Restore the longest cached prefix of `job.prompt` (at most `reuse` tokens
+        when given: a follower rank restores what rank 0 did); the rest waits."""
+        prompt = list(job.prompt)
+        cache, reused = self.store.restore(prompt, reuse)
+        if reuse is not None and reused != reuse:
+            raise RuntimeError(f"restored {reused} prompt tokens where rank 0 {reuse}")
+        points = self._snapshot_points(len(prompt), reused, job.boundaries)
+        seq = Sequence(key, job, cache, reused, prompt[reused:], points)
+        self.sequences[key] = seq
+        return seq
+
+    def _snapshot_points(self, length: int, reused: int, boundaries) -> list[int]:
+        if self.store.cut_anywhere:
+            return []  # every layer a KV history: a prefix of any length rebuilds
+        step = max(LADDER_STEP, length // LADDER)
+        ladder = range(step, length, step)
+        return sorted({p for p in (*boundaries, *ladder) if reused < p < length})
+
+    def prefill(self, seq: Sequence) -> Block | None:
+        """Prefill one chunk of `seq`; the Block of its first token once the whole
+        prompt is in (the sequence then decodes with the others)."""
+        start, cache = time.perf_counter(), seq.cache
+        assert cache is not None
+        done = len(cache.tokens)
+        end = done + min(len(seq.todo), self.prefill_chunk)
+        end = next((p for p in seq.points if done < p <= end), end)
+        ids, seq.todo = seq.todo[: end - done], seq.todo[end - done :]
+        logits = prefill(self.target, self.draft, cache, ids, len(ids))
+        if seq.todo:
+            mx.eval([c.state for c in cache.target + (cache.draft or [])])
+            if end in seq.points:
+                tick = time.perf_counter()
+                seq.snapshots[end] = take_snapshot(cache)
+                self.snapshot_seconds += time.perf_counter() - tick
+            seq.prefill_seconds += time.perf_counter() - start
+            return None
+        job = seq.job
+        params = SamplingParams(job.temperature, job.top_p, job.top_k, job.min_p)
+        seeded = None if job.seed is None else SeededNoise(job.seed)
+        if seeded is None and self.target.group is not None and not params.greedy:
+            seeded = SeededNoise(shared_seed(self.target.group))
+        token, rows = first_token(
+            self.target, params, seeded, logits, len(cache.tokens), job.logprobs
+        )
+        seq.prefill_seconds += time.perf_counter() - start
+        seq.produced, seq.decode_start = 1, time.perf_counter()
+        finished = token in self.stop_tokens
+        if not finished and job.max_tokens > 1:
+            stops, budget = self.stop_tokens, job.max_tokens
+            request = Request(params, budget, stops, job.seed, job.logprobs)
+            seq.member = self.decoding.join(request, cache, token)
+            seq.cache = None
+        return Block([token], 0, 1, finished, reused=seq.reused, logprobs=rows)
+
+    def step(self) -> list[tuple[Sequence, Block]]:
+        """One verified block of every decoding sequence."""
+        by_member = {s.member: s for s in self.sequences.values() if s.member}
+        out = []
+        for member, block in self.decoding.step():
+            seq = by_member[member]
+            seq.produced += len(block.tokens)
+            out.append((seq, block))
+        return out
+
+    def end(self, key: int, keep: bool = True) -> list[tuple]:
+        """Forget sequence `key`, its caches kept in the prefix store unless told
+        not to; the store's evicted paths (for the other ranks)."""
+        seq = self.sequences.pop(key)
+        cache = seq.cache
+        if seq.member is not None:
+            cache = self.decoding.leave(seq.member, self.store.make_cache())
+        if not keep or cache is None or not cache.tokens:
+            return []
+        return self.store.insert(cache.tokens, cache, seq.snapshots)
+
+    def drop_decoding(self):
+        """After a failed step: forget every decoding sequence (their caches are in
+        an unknown state) and start the decoding lane afresh."""
+        for key in [k for k, s in self.sequences.items() if s.member is not None]:
+            del self.sequences[key]
+        self.decoding = type(self.decoding)(
+            self.target, self.draft, self.decoding.policy
+        )
+
+    @property
+    def kv_bytes(self) -> int:
+        return self.decoding.nbytes
+
+    def cache_report(self) -> dict:
+        """The prefix cache in numbers (GET /health, /metrics)."""
+        store, spill = self.store, self.store.spill
+        stats = store.stats
+        report: dict[str, Any] = {
+            "entries": len(store),
+            "bytes": store.nbytes,
+            "max_bytes": store.max_bytes,
+            "hits": stats.hits,
+            "misses": stats.misses,
+            "reused_tokens": stats.reused_tokens,
+            "evicted": stats.evicted,
+        }
+        if spill is not None:
+            report["disk"] = {
+                "dir": str(spill.folder),
+                "files": len(spill.entries),
+                "bytes": spill.nbytes,
+                "max_bytes": spill.max_bytes,
+            }
+        return report
+
+    def close(self):
+        """At shutdown: what RAM holds goes to disk (warm after a restart)."""
+        spill = self.store.spill
+        if spill is None:
+            return
+        try:
+            self.store.spill_all()
+        finally:
+            spill.close()
+
+
+@dataclass(eq=False)
+class _Solo:
+    request: Request
+    cache: PromptCache
+    blocks: object  # generate_blocks's generator
+    produced: int = 1
+
+
+class Solo:
+    """The decoding lane for targets whose caches cannot be batched: one block per
+    sequence per step, each on its own caches (engine/loop.py)."""
+
+    def __init__(self, target, draft, block_size):
+        self.target, self.draft, self.policy = target, draft, block_size
+        self.members: list[_Solo] = []
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(m.cache.nbytes for m in self.members)
+
+    def join(self, request: Request, cache: PromptCache, first: int) -> _Solo:
+        # the first token's features are computed as its own one-token prefill
+        budget = -1 if request.max_tokens < 0 else request.max_tokens - 1
+        blocks = generate_blocks(
+            self.target,
+            self.draft,
+            [*cache.tokens, first],
+            cache,
+            request.params,
+            self.policy,
+            budget,
+            request.stop_tokens,
+            seed=request.seed,
+            logprobs=request.logprobs,
+        )
+        member = _Solo(request, cache, blocks)
+        self.members.append(member)
+        return member
+
+    def step(self) -> list[tuple[_Solo, Block]]:
+        out = []
+        for m in list(self.members):
+            block = next(m.blocks, None)  # type: ignore[call-overload]
+            if block is None:
+                continue
+            m.produced += len(block.tokens)
+            out.append((m, block))
+        return out
+
+    def leave(self, member: _Solo, into: PromptCache) -> PromptCache:
+        member.blocks.close()  # type: ignore[attr-defined]
+        self.members.remove(member)
+        return member.cache
