@@ -22,6 +22,7 @@ def generate(
     system: str | None = options.system(),
     thinking: bool | None = options.thinking(),
     no_draft: bool = options.no_draft(),
+    lookup: bool | None = options.lookup(),
     raw: bool = typer.Option(
         False, "--raw", help="Send the prompt as-is, without the chat template."
     ),
@@ -59,6 +60,7 @@ def generate(
         session, note = open_session(
             model,
             draft,
+            lookup=lookup,
             no_draft,
             system=system,
             thinking=thinking,
@@ -130,3 +132,4 @@ def _read_prompt(prompt: str) -> str:
             "The prompt is empty: pass --prompt TEXT, or --prompt - with text on stdin."
         )
     return validate.text(prompt)
+        "sources": dict(stats.sources),

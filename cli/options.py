@@ -60,6 +60,16 @@ def thinking():
     )
 
 
+def lookup():
+    return typer.Option(
+        None,
+        "--lookup/--no-lookup",
+        help="Prompt lookup: copy proposals from the prompt and the answer where the "
+        "text repeats, chosen per block against the drafter (default: on with "
+        "--block-size auto; with --no-draft, --lookup copies without a drafter).",
+    )
+
+
 def no_draft():
     return typer.Option(False, "--no-draft", help="Plain decoding, no drafter.")
 

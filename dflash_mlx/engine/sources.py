@@ -128,7 +128,11 @@ def verify_estimate(known: dict[int, float], tokens: int) -> float | None:
     """v(T) from the timed verify sizes: interpolated between them, extended along
     the line through the two largest beyond them (never flat: a longer copy must not
     look free), and from one size with `GUESSED_SLOPE`; None when none is timed."""
-    points = sorted(known.items())
+    return _estimate(sorted(known.items()), tokens)
+
+
+def _estimate(points: list[tuple[int, float]], tokens: int) -> float | None:
+    """`verify_estimate` on the timed sizes, sorted."""
     if not points:
         return None
     if len(points) == 1:
@@ -153,11 +157,12 @@ def choose(policy, limit: int, copied: int, match: int, drafter: bool) -> Plan:
     if rate is None or copied < 1:
         return best  # a size being timed for the first time: let it run
     plain = policy.costs.estimate(policy, 1)
+    points = sorted(policy.verify_seconds.items())  # once: this runs every block
     reach, expected = 1.0, 1.0
     for k in range(1, min(copied, limit - 1) + 1):
         reach *= policy.lookup.acceptance(match, k)
         expected += reach
-        v = verify_estimate(policy.verify_seconds, 1 + k)
+        v = _estimate(points, 1 + k)
         if plain is None or v is None:
             break
         if expected / (plain + v) > rate:
@@ -166,7 +171,7 @@ def choose(policy, limit: int, copied: int, match: int, drafter: bool) -> Plan:
         return best
     for b in policy.sizes:
         cost = policy.costs.estimate(policy, b)
-        v = verify_estimate(policy.verify_seconds, b)
+        v = _estimate(points, b)
         if b > limit or cost is None or v is None:
             continue
         for k in range(1, min(copied, b - 2) + 1):
