@@ -53,6 +53,7 @@ def generate(
             top_k=top_k,
             max_tokens=max_tokens,
             block_size=options.parse_block_size(block_size),
+            lookup=lookup,
         )
     if group is not None:
         prompt = group.broadcast_text(prompt)
@@ -60,7 +61,6 @@ def generate(
         session, note = open_session(
             model,
             draft,
-            lookup=lookup,
             no_draft,
             system=system,
             thinking=thinking,
@@ -102,6 +102,7 @@ def _record(session, note, text: str, stats, sampling: dict) -> dict:
         "finish_reason": stats.finish_reason,
         "mode": stats.mode,
         "block_size": stats.block_size,
+        "sources": dict(stats.sources),
         "prompt_tokens": stats.prompt_tokens,
         "generation_tokens": stats.generation_tokens,
         "prompt_tps": stats.prompt_tps,
@@ -132,4 +133,3 @@ def _read_prompt(prompt: str) -> str:
             "The prompt is empty: pass --prompt TEXT, or --prompt - with text on stdin."
         )
     return validate.text(prompt)
-        "sources": dict(stats.sources),
