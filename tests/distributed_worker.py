@@ -67,6 +67,7 @@ def run_case(case: dict) -> dict:
         )
         out[f"greedy/{name}/{b}"] = _tokens(responses)
         out[f"accepted/{name}/{b}"] = max(r.accepted or 0 for r in responses)
+    out.update(_lookup_runs(model, draft, tok, prompt * 3, n))
     for seed in (None, 3):
         responses = stream_generate(
             model, draft, tok, prompt, max_tokens=n, block_size="auto",
@@ -91,6 +92,30 @@ def run_case(case: dict) -> dict:
             for i in range(case["chi2_runs"])
         ]
         out["chi2_probs"] = _first_three_probs(model, prompt)
+    return out
+
+
+def _lookup_runs(model, draft, tok, prompt, n) -> dict:
+    """Prompt lookup on a prompt that repeats: greedy tokens and each block's (source,
+    verified, taken) under a fixed size (copies fill the block) and "auto" (rank 0's
+    plans broadcast); seeded sampling with and without lookup."""
+    plain = mlx_lm.stream_generate(model, tok, prompt, max_tokens=n)
+    out = {"lookup/plain": [r.token for r in plain]}
+    for b in (8, "auto"):
+        responses = list(
+            stream_generate(
+                model, draft, tok, prompt, max_tokens=n, block_size=b, lookup=True
+            )
+        )
+        out[f"lookup/greedy/{b}"] = _tokens(responses)
+        out[f"lookup/blocks/{b}"] = [
+            [r.source, r.block_size, r.from_draft] for r in responses
+        ]
+    for lookup in (False, True):
+        out[f"lookup/seeded/{lookup}"] = _tokens(stream_generate(
+            model, draft, tok, prompt, max_tokens=n, block_size="auto",
+            temperature=1.0, top_p=0.9, seed=3, lookup=lookup,
+        ))  # fmt: skip
     return out
 
 

@@ -88,6 +88,22 @@ def test_greedy_on_two_ranks_equals_plain_decoding(runs, name):
     assert plain(model, tok, PROMPT, 16) == ref
 
 
+@pytest.mark.parametrize(
+    "name", [f"{f}-tensor" for f in TENSOR] + [f"{f}-pipeline" for f in PIPELINE]
+)
+def test_lookup_on_two_ranks_proposes_alike_and_stays_lossless(runs, name):
+    """Prompt lookup on a repeating prompt: every rank verifies the same copies (same
+    sources, sizes and accepted counts, block by block), greedy output is plain
+    decoding's, and seeded sampling gives the same tokens with and without lookup."""
+    _, rank0, rank1 = runs[name]
+    for b in (8, "auto"):
+        assert rank0[f"lookup/greedy/{b}"] == rank0["lookup/plain"], b
+        assert rank0[f"lookup/blocks/{b}"] == rank1[f"lookup/blocks/{b}"], b
+    assert any(block[0] == "lookup" for block in rank0["lookup/blocks/8"])
+    seeded = rank0["lookup/seeded/True"]
+    assert seeded == rank0["lookup/seeded/False"] == rank1["lookup/seeded/True"]
+
+
 def test_sampling_agrees_across_ranks(runs):
     for name in [f"{f}-tensor" for f in TENSOR]:
         _, rank0, rank1 = runs[name]
