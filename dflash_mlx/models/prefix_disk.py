@@ -27,6 +27,8 @@ log = logging.getLogger("dflash_mlx.prefix")
 
 FORMAT = "dflash-mlx-prefix/1"
 SUFFIX = ".safetensors"
+PARTIAL = ".partial.safetensors"  # a file being written (mx.save_safetensors wants
+# the suffix): renamed when whole
 
 
 class FolderBusy(Exception):
@@ -98,9 +100,11 @@ class DiskSpill:
         return sum(e["bytes"] for e in self.entries.values())
 
     def _scan(self):
-        for tmp in self.folder.glob("*.tmp"):
+        for tmp in self.folder.glob(f"*{PARTIAL}"):
             tmp.unlink(missing_ok=True)  # a write that never finished
         for path in sorted(self.folder.glob(f"*{SUFFIX}")):
+            if path.name.endswith(PARTIAL):
+                continue
             try:
                 meta = read_header(path)
             except (OSError, ValueError, KeyError, struct.error) as e:
@@ -171,7 +175,7 @@ class DiskSpill:
         meta["windows"] = windows
         name = hashlib.sha256(json.dumps(tokens).encode()).hexdigest()[:24] + SUFFIX
         final = self.folder / name
-        tmp = self.folder / f"{name}.tmp"
+        tmp = self.folder / name.replace(SUFFIX, PARTIAL)
         try:
             mx.save_safetensors(str(tmp), arrays, {"dflash": json.dumps(meta)})
             os.replace(tmp, final)
