@@ -107,8 +107,9 @@ def test_copies_are_counted_apart_from_the_drafter():
     before = (list(policy.accepted), list(policy.offered), dict(policy.seconds))
     _copies(policy, match=2, copied=5, accepted=2, blocks=3)
     assert (policy.accepted, policy.offered, policy.seconds) == before
-    stats = policy.lookup
-    assert stats.offered[1][:4] == pytest.approx([3 * stats_keep(policy)] * 3 + [0.0])
+    stats, aged = policy.lookup, 3 * stats_keep(policy)
+    assert stats.offered[:4] == pytest.approx([aged] * 3 + [0.0])
+    assert stats.first_offered == pytest.approx([0.0, aged, 0.0, 0.0])
     assert stats.acceptance(2, 3) < stats.acceptance(2, 1)  # id 3 was never right
     assert 6 in policy.verify_seconds  # the copy's verify was timed
 
@@ -119,15 +120,23 @@ def stats_keep(policy) -> float:
     return (1 + keep + keep**2) / 3
 
 
-def test_lookup_stats_start_from_the_prior_and_learn():
+def test_lookup_stats_learn_per_match_length_and_share_what_they_learn():
     stats = LookupStats(4)
-    assert stats.acceptance(4, 1) > stats.acceptance(1, 1)  # longer match, prior
-    for _ in range(50):
-        stats.count(match=1, copied=3, accepted=3)
-    assert stats.acceptance(1, 1) > 0.9 and stats.acceptance(1, 3) > 0.9
-    assert stats.acceptance(1, 4) < 0.9  # never offered: its prior
-    stats.age(0.5, floor=1.0)
-    assert stats.prior_weight == 2.0 and stats.offered[0][0] == 25.0
+    assert stats.acceptance(4, 1) == stats.acceptance(1, 1) == 0.5  # the prior
+    for _ in range(20):
+        stats.count(match=4, copied=3, accepted=3)
+        stats.count(match=1, copied=3, accepted=0)
+    assert stats.acceptance(4, 1) > 0.8 > 0.2 > stats.acceptance(1, 1)
+    assert stats.acceptance(4, 3) > 0.9  # ids after the first: over all copies
+    assert stats.acceptance(4, 4) < 0.9  # never offered: its prior
+    fresh = LookupStats(4)
+    for _ in range(3):  # failures after 1-gram matches: 3-gram copies doubt too
+        fresh.count(match=1, copied=3, accepted=0)
+    assert fresh.acceptance(3, 1) < 0.2
+    stats.age(0.5, floor=0.25)
+    assert stats.prior_weight == 0.5 and stats.first_offered[3] == 10.0
+    stats.age(0.1, floor=0.25)
+    assert stats.prior_weight == 0.25
 
 
 def test_verify_estimate_interpolates_and_extrapolates():

@@ -38,7 +38,15 @@ spliced in front of the drafter's drafts, against the block `next` chose (source
 whole picture.
 """
 
-from .sources import DRAFT, LOOKUP, Costs, LookupStats, choose, fixed_plan
+from .sources import (
+    DRAFT,
+    LOOKUP,
+    LOOKUP_PRIOR_FLOOR,
+    Costs,
+    LookupStats,
+    choose,
+    fixed_plan,
+)
 from .sources import verify_estimate as _verify_estimate
 
 PRIOR_BLOCKS = 16.0  # the shipped acceptance counts as this many observed blocks
@@ -243,7 +251,7 @@ class AdaptiveBlockSize:
 
     def _age_counts(self):
         keep = self._keep
-        self.lookup.age(keep, 1.0)
+        self.lookup.age(keep, LOOKUP_PRIOR_FLOOR)
         if keep < 1.0:
             self.accepted = [a * keep for a in self.accepted]
             self.offered = [o * keep for o in self.offered]

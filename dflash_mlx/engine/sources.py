@@ -27,13 +27,18 @@ from typing import NamedTuple
 
 DRAFT, LOOKUP, SPLICE = 0, 1, 2
 NAMES = ("draft", "lookup", "splice")
-MATCH_BUCKETS = 4  # matches of 4+ tokens share one row of counts
-# A copy's acceptance before any is observed, per match length 1..4+: first id, the
-# ones after it (code-edit answers of the demo pair, simulated: 0.32 / 0.48-0.66 /
-# 0.79 / 0.78-0.90 for the first id, 0.8-0.9 after it); worth this many blocks.
-LOOKUP_PRIOR_FIRST = (0.3, 0.5, 0.7, 0.8)
-LOOKUP_PRIOR_LATER = 0.85
-LOOKUP_PRIOR_BLOCKS = 4.0
+MATCH_BUCKETS = 4  # matches of 4+ tokens share one count
+# A copy's acceptance before any is observed: its first id, the ids after it (code-edit
+# answers of the demo pair, simulated: the first id 0.32 after a 1-gram match, 0.48-0.66
+# after a 2-gram, 0.78-0.90 after longer ones; the ids after it 0.8-0.9), worth this
+# many blocks. A match length's first-id counts lean on the rate of all copies' first
+# ids as SHRINK blocks, so copies failing after one length teach the others at once.
+LOOKUP_PRIOR = (0.5, 0.8)
+LOOKUP_PRIOR_BLOCKS = 1.0
+# the prior ages down to this weight: after copies that failed it no longer pulls their
+# rate back up until their counts have faded (~130 blocks; a re-try then costs a block)
+LOOKUP_PRIOR_FLOOR = 0.25
+SHRINK = 2.0
 # v(T)'s growth per token when only one verify size is timed (a CPU's, about that of
 # the demo pair); replaced as soon as a second size is measured.
 GUESSED_SLOPE = 0.15
@@ -64,37 +69,50 @@ def fixed_plan(size: int, copied: int, drafter: bool) -> Plan:
 
 
 class LookupStats:
-    """Per-position acceptance of copies, by match length, aged as the drafter's is:
-    `accepted[m][k]` counts copies after an (m+1)-gram match whose id k+1 was
-    accepted, `offered[m][k]` those that reached it."""
+    """The acceptance of copies, aged as the drafter's is: per position over all copies
+    (`accepted[k]` counts copies whose id k+1 was accepted, `offered[k]` those that
+    reached it), and the first id's per match length (`first_accepted[m]`,
+    `first_offered[m]` for (m+1)-gram matches): a copy after a 4-gram match is right
+    far more often than after a 1-gram one."""
 
     def __init__(self, positions: int):
         self.positions = positions
-        self.accepted = [[0.0] * positions for _ in range(MATCH_BUCKETS)]
-        self.offered = [[0.0] * positions for _ in range(MATCH_BUCKETS)]
+        self.accepted = [0.0] * positions
+        self.offered = [0.0] * positions
+        self.first_accepted = [0.0] * MATCH_BUCKETS
+        self.first_offered = [0.0] * MATCH_BUCKETS
         self.prior_weight = LOOKUP_PRIOR_BLOCKS
 
     def acceptance(self, match: int, k: int) -> float:
         """Estimated P(copied id k accepted | ids 1..k-1 were), k >= 1."""
-        m = min(max(match, 1), MATCH_BUCKETS) - 1
-        prior = LOOKUP_PRIOR_FIRST[m] if k == 1 else LOOKUP_PRIOR_LATER
+        prior = LOOKUP_PRIOR[0] if k == 1 else LOOKUP_PRIOR[1]
         if k > self.positions:
             return prior
         w = self.prior_weight
-        return (self.accepted[m][k - 1] + w * prior) / (self.offered[m][k - 1] + w)
+        pooled = (self.accepted[k - 1] + w * prior) / (self.offered[k - 1] + w)
+        if k > 1:
+            return pooled
+        m = min(max(match, 1), MATCH_BUCKETS) - 1
+        return (self.first_accepted[m] + SHRINK * pooled) / (
+            self.first_offered[m] + SHRINK
+        )
 
     def count(self, match: int, copied: int, accepted: int):
+        if copied < 1:
+            return
         m = min(max(match, 1), MATCH_BUCKETS) - 1
+        self.first_offered[m] += 1
+        self.first_accepted[m] += accepted > 0
         for k in range(min(accepted + 1, copied, self.positions)):
-            self.offered[m][k] += 1
-            if k < accepted:
-                self.accepted[m][k] += 1
+            self.offered[k] += 1
+            self.accepted[k] += k < accepted
 
     def age(self, keep: float, floor: float):
         if keep < 1.0:
-            for rows in (self.accepted, self.offered):
-                for row in rows:
-                    row[:] = [x * keep for x in row]
+            for row in (
+                self.accepted, self.offered, self.first_accepted, self.first_offered
+            ):  # fmt: skip
+                row[:] = [x * keep for x in row]
             self.prior_weight = max(self.prior_weight * keep, floor)
 
 
@@ -150,12 +168,14 @@ def _estimate(points: list[tuple[int, float]], tokens: int) -> float | None:
 def choose(policy, limit: int, copied: int, match: int, drafter: bool) -> Plan:
     """The plan with the most expected tokens per second (see the module docstring):
     the drafter's block `policy.next(limit)` chose, or a copy of 1..`copied` ids, or a
-    splice of the copy into a drafter block."""
+    splice of the copy into a drafter block. A copy must beat the drafter's best size,
+    not the one `next` may be exploring (that exploration runs when it wins)."""
     size = policy.next(limit)
-    rate = policy.rate(size)
     best = Plan(DRAFT, size)
-    if rate is None or copied < 1:
+    if policy.rate(size) is None or copied < 1:
         return best  # a size being timed for the first time: let it run
+    rates = [policy.rate(s) for s in policy.sizes if s <= max(limit, 1)]
+    rate = max(r for r in rates if r is not None)
     plain = policy.costs.estimate(policy, 1)
     points = sorted(policy.verify_seconds.items())  # once: this runs every block
     reach, expected = 1.0, 1.0
