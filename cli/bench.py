@@ -111,8 +111,11 @@ def _config(opts: BenchOptions):
     )
 
 
-def _measure(out, ui, tokenizer, engines, samples, config) -> tuple[list, bool]:
-    """Every record, with a progress bar; (records, interrupted by Ctrl-C)."""
+def _measure(
+    out, ui, tokenizer, engines, samples, config, referee=None
+) -> tuple[list, bool]:
+    """Every record, with a progress bar; (records, interrupted by Ctrl-C). At
+    temperature 0, `referee` classifies each difference from plain decoding."""
     from dflash_mlx import bench
 
     records, tally = [], bench.Tally()
@@ -121,7 +124,7 @@ def _measure(out, ui, tokenizer, engines, samples, config) -> tuple[list, bool]:
             "warm-up", total=bench.count_turns(samples), speedup=ui.speedup_text(None)
         )
         try:
-            for turn in bench.run(tokenizer, engines, samples, config):
+            for turn in bench.run(tokenizer, engines, samples, config, referee):
                 records.extend(turn)
                 tally.add(turn)
                 bar.update(
@@ -200,7 +203,9 @@ def _execute(out, ui, opts, config, samples, ids, engines, group) -> int:
     env["distributed"] = describe(group)
     ui.environment(out, env)
 
-    records, interrupted = _measure(out, ui, tokenizer, all_engines, samples, config)
+    records, interrupted = _measure(
+        out, ui, tokenizer, all_engines, samples, config, _referee(model, tokenizer)
+    )
     if interrupted:
         ui.error(
             out, f"interrupted: summarising the {len(records)} runs measured so far."
@@ -210,6 +215,8 @@ def _execute(out, ui, opts, config, samples, ids, engines, group) -> int:
     ui.results(out, summary, config.temperature)
     if not summary["lossless"]:
         ui.lossless_failure(out, summary["failures"])
+    if summary["near_ties"]:
+        ui.near_ties(out, summary["near_ties"])
     written = True
     if group is None or group.is_main:  # one rank writes the files
         written = _write(out, ui, opts, config, env, records, summary)
@@ -218,6 +225,14 @@ def _execute(out, ui, opts, config, samples, ids, engines, group) -> int:
     if not summary["lossless"] or not written:
         return 1
     return 130 if interrupted else 0
+
+
+def _referee(model, tokenizer):
+    """The target's logits and plain decoding for a prompt: what tells a near-tie
+    from a mismatch (dflash_mlx/engine/exactness.py)."""
+    from dflash_mlx.engine.exactness import referee
+
+    return lambda ids: referee(model, tokenizer, ids)
 
 
 def _block_sizes(out, ui, sizes: list, draft, opts: BenchOptions) -> list:

@@ -104,7 +104,7 @@ def summary_table(rows: list[dict]) -> Table:
         if name != "engine" or engines:
             table.add_column(name, justify=justify, no_wrap=True)
     for i, r in enumerate(rows):
-        fails = r["lossless_failures"]
+        fails, ties = r["lossless_failures"], r.get("near_ties", 0)
         cells = [
             r["dataset"],
             r["engine"],
@@ -120,6 +120,8 @@ def summary_table(rows: list[dict]) -> Table:
             _f(r["peak_memory_gb"], ".2f"),
             Text(f"FAIL {fails}", style="bold red")
             if fails
+            else Text(f"ties {ties}", style="yellow")
+            if ties
             else Text("ok", style="green"),
         ]
         if not engines:
@@ -180,11 +182,7 @@ def lossless_failure(out: Console, failures: list[dict]):
         style="bold",
     )
     for f in failures[:20]:
-        lines.append(
-            f"  {f['dataset']} sample {f['sample']} turn {f['turn'] + 1}: engine "
-            f"{f['engine']} B={f['block_size']} first differs at token "
-            f"{f['first_mismatch']}\n"
-        )
+        lines.append(_where(f) + _why(f) + "\n")
     if len(failures) > 20:
         lines.append(f"  … and {len(failures) - 20} more (see --json)\n")
     out.print(
@@ -195,6 +193,39 @@ def lossless_failure(out: Console, failures: list[dict]):
             title_align="left",
         )
     )
+
+
+def _where(f: dict) -> str:
+    return (
+        f"  {f['dataset']} sample {f['sample']} turn {f['turn'] + 1}: engine "
+        f"{f['engine']} B={f['block_size']} first differs at token "
+        f"{f['first_mismatch']}"
+    )
+
+
+def _why(f: dict) -> str:
+    """The classified difference: the tokens and their logit gap."""
+    diffs = (f.get("exactness") or {}).get("differences") or []
+    gaps = [d for d in diffs if d["gap"] is not None]
+    return "".join(
+        f"; token {d['index']}: {d['expected']} vs {d['got']}, gap {d['gap']:.3g} "
+        f"(tolerance {d['tolerance']:.3g})"
+        for d in gaps[-1:]
+    )
+
+
+def near_ties(out: Console, ties: list[dict]):
+    """Outputs that left plain decoding only where its top-2 logits tie."""
+    lines = Text(
+        f"{len(ties)} generation(s) differ from plain decoding only at near-ties: the "
+        "target's top two logits were within the tolerance there, and the rest "
+        "equals plain decoding from that token (kernels that round by block size "
+        "break such ties either way; docs/design-and-losslessness.md).\n",
+        style="yellow",
+    )
+    for f in ties[:10]:
+        lines.append(_where(f) + _why(f) + "\n", style="dim")
+    out.print(lines)
 
 
 def loading(out: Console, what: str):

@@ -31,6 +31,12 @@ def generate(
     ),
     seed: int | None = typer.Option(None, "--seed", help="Random seed for sampling."),
     pipeline: bool = options.pipeline(),
+    check: bool = typer.Option(
+        False,
+        "--check",
+        help="Also decode plainly and compare: identical, near-ties (named, with the "
+        "logit gap) or a mismatch (exit 1). Greedy only.",
+    ),
 ):
     """Generate one answer: text to stdout, statistics to stderr (or --json)."""
     from dflash_mlx import validate
@@ -46,6 +52,7 @@ def generate(
         if group is None or group.is_main:  # rank 0 reads it (stdin too) for all
             prompt = _read_prompt(prompt)
         validate.seed(seed)
+        _check_options(check, temp, group)
         settings = Settings(
             seed=seed,
             temperature=temp,
@@ -68,6 +75,8 @@ def generate(
             raw=raw,
             distributed=group,
         )
+        user = [{"role": "user", "content": prompt}]  # as `stream` encodes it:
+        prompt_ids = session.render(user) if check else []  # for plain decoding
         text, stats, tokens = "", None, []
         for chunk in session.stream(prompt):
             text += chunk.text
@@ -76,15 +85,48 @@ def generate(
             if not as_json:
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
+        exact = _check(session, prompt_ids, tokens) if check else None
     if as_json:
         sampling = {"temperature": temp, "top_p": top_p, "top_k": top_k, "seed": seed}
         record = _record(session, note, text, stats, sampling)
         record["tokens"] = tokens
         record["distributed"] = describe(group)
+        if exact is not None:
+            record["exactness"] = exact.to_dict()
         sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
     else:
         sys.stdout.write("\n")
         ui.generate_stats(err, stats, note)
+    if exact is not None:
+        _report(err, exact)
+
+
+def _check_options(check: bool, temp: float, group):
+    if check and (temp != 0 or group is not None):
+        raise ValueError(
+            "--check compares greedy output with plain decoding in one process: "
+            "drop --temp (or set it to 0) and --pipeline."
+        )
+
+
+def _check(session, prompt_ids: list[int], tokens: list[int]):
+    """The answer against plain mlx-lm decoding of the same prompt (exactness.py)."""
+    from dflash_mlx.engine.exactness import check
+
+    return check(session.model, session.tokenizer, prompt_ids, tokens)
+
+
+def _report(err, exact):
+    """The verdict on stderr; a mismatch exits 1."""
+    from . import ui
+
+    if exact.verdict == "identical":
+        ui.info(err, f"check: {exact.describe()}")
+    elif exact.ok:
+        ui.warning(err, f"check: {exact.describe()}")
+    else:
+        ui.error(err, f"check: {exact.describe()}")
+        raise typer.Exit(1)
 
 
 def _record(session, note, text: str, stats, sampling: dict) -> dict:

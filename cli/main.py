@@ -16,6 +16,27 @@ app = typer.Typer(
 )
 
 
+@app.callback()
+def _options(
+    ctx: typer.Context,
+    kernels: str = typer.Option(
+        "device",
+        "--kernels",
+        hidden=True,
+        help="'mlx' runs MLX's generic kernels (what a Mac's GPU runs) on any device.",
+    ),
+):
+    """DFlash speculative decoding on MLX: lossless and fast."""
+    from dflash_mlx import backend
+
+    from . import errors, ui
+
+    with errors.usage(ui.console(stderr=True)):
+        chosen = backend.named(kernels)
+    if chosen is not None:  # for the whole command, then restored
+        ctx.with_resource(backend.forced(chosen))
+
+
 @app.command()
 def version():
     """Print the installed version."""

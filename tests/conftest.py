@@ -8,6 +8,77 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import tiny  # noqa: E402
 
+from dflash_mlx import backend  # noqa: E402
+
+# The lossless core: what `--kernels=mlx` (make test-generic) runs again on MLX's
+# generic kernels, the ones a Mac's GPU runs. Node id prefixes under tests/.
+LOSSLESS_CORE = (
+    "test_families.py::test_lossless_at_every_block_size",  # every family
+    "test_families.py::test_quantized_family_is_lossless[qwen3_5]",
+    "test_families.py::test_quantized_family_is_lossless[gemma4]",
+    "test_families.py::test_a_muse_glimmer_dflash2_drafter_is_lossless",
+    "test_families.py::test_the_run_uses_the_chosen_kernels",
+    "test_target.py::test_rollback_equals_fresh_run",
+    "test_target.py::test_logits_match_the_model",
+    "test_generate.py::test_forced_acceptance_patterns[full-qwen3_5]",
+    "test_generate.py::test_forced_acceptance_patterns[none-qwen3_5]",
+    "test_generate.py::test_forced_acceptance_patterns[full-gemma4_text]",
+    "test_generate.py::test_prompt_cache_reuse_matches_fresh_runs",
+    "test_sampling.py::test_sampled_generation_matches_target_distribution[qwen3_5-",
+    "test_dflash2.py::",
+    "test_fuzz.py::",
+    "test_reference.py::test_block_by_block_acceptance_matches_reference",
+    "test_serve_openai.py::test_greedy_chat_equals_generate_streamed_or_not",
+    "test_serve_anthropic.py::test_messages_equal_generate",
+    "test_serve_anthropic.py::test_responses_equal_generate_streamed_or_not",
+    "test_distributed.py::test_greedy_on_two_ranks_equals_plain_decoding[qwen3_5-",
+    "test_exactness.py::",
+)
+
+
+def pytest_addoption(parser):
+    parser.addoption(
+        "--kernels",
+        choices=backend.KERNEL_CHOICES,
+        default="device",
+        help="'mlx': run the lossless core on MLX's generic kernels (the Mac's path).",
+    )
+
+
+def generic_kernels(config) -> bool:
+    return config.getoption("kernels") != "device"
+
+
+def pytest_collection_modifyitems(config, items):
+    """On the generic kernels, only the lossless core runs (deselected otherwise)."""
+    if not generic_kernels(config):
+        return
+    keep, drop = [], []
+    for item in items:
+        name = item.nodeid.split("tests/", 1)[-1]
+        (keep if name.startswith(LOSSLESS_CORE) else drop).append(item)
+    config.hook.pytest_deselected(items=drop)
+    items[:] = keep
+
+
+@pytest.fixture(scope="session", autouse=True)
+def chosen_kernels(request):
+    """`--kernels=mlx`: every target and drafter the run builds, in this process and
+    its server threads, runs on MLX's generic kernels (`backend.forced`)."""
+    chosen = backend.named(request.config.getoption("kernels"))
+    if chosen is None:
+        yield None
+        return
+    with backend.forced(chosen):
+        yield chosen
+
+
+@pytest.fixture(scope="session")
+def kernels_args(request) -> list[str]:
+    """The CLI arguments that pass the run's `--kernels` to a subprocess."""
+    name = request.config.getoption("kernels")
+    return [] if name == "device" else ["--kernels", name]
+
 
 @pytest.fixture(scope="session", autouse=True)
 def user_cache(tmp_path_factory):

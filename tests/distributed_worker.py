@@ -1,6 +1,7 @@
 """One rank of tests/test_distributed.py, started by `mlx.launch`: runs the scenarios in
 the spec file on a sharded tiny target and writes this rank's results as JSON."""
 
+import contextlib
 import json
 import os
 import sys
@@ -14,7 +15,13 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from lossless import oracle  # noqa: E402
 
-from dflash_mlx import distributed, load, load_draft, stream_generate  # noqa: E402
+from dflash_mlx import (  # noqa: E402
+    backend,
+    distributed,
+    load,
+    load_draft,
+    stream_generate,
+)
 
 
 def barrier():
@@ -28,6 +35,12 @@ def _tokens(responses) -> list[int]:
 
 def main(spec_file: str):
     spec = json.loads(Path(spec_file).read_text())
+    kernels = backend.named(spec.get("kernels", "device"))  # the test run's --kernels
+    with backend.forced(kernels) if kernels else contextlib.nullcontext():
+        run_cases(spec)
+
+
+def run_cases(spec: dict):
     results = {}
     for case in spec["cases"]:
         try:

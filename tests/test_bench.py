@@ -26,6 +26,7 @@ RECORD_KEYS = {
     "peak_memory_gb",
     "lossless",
     "first_mismatch",
+    "exactness",
 }
 ROW_KEYS = {
     "dataset",
@@ -43,6 +44,7 @@ ROW_KEYS = {
     "peak_memory_gb",
     "baseline_peak_memory_gb",
     "lossless_failures",
+    "near_ties",
 }
 ENV_KEYS = {
     "platform",

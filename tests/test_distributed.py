@@ -47,8 +47,21 @@ def launch(tmp: Path, cases: list, **spec) -> subprocess.CompletedProcess:
     return launcher.run(sys.executable, str(worker), str(tmp / "spec.json"))
 
 
+def _needed(request, cases: list) -> list:
+    """On the generic kernels (--kernels=mlx), only the cases the selected tests read:
+    a launch runs every case it is given."""
+    if request.config.getoption("kernels") == "device":
+        return cases
+    names = {
+        item.callspec.params.get("name")
+        for item in request.session.items
+        if item.module is request.module and hasattr(item, "callspec")
+    }
+    return [c for c in cases if c["name"] in names]
+
+
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
+def runs(request, tmp_path_factory):
     root = tmp_path_factory.mktemp("dist")
     cases = [_case(root, f"{f}-tensor", f, "tensor") for f in TENSOR]
     cases += [_case(root, f"{f}-pipeline", f, "pipeline") for f in PIPELINE]
@@ -61,7 +74,8 @@ def runs(tmp_path_factory):
                           hidden_size=48)),
         {**cases[0], "name": "odd-drafter", "draft_per_rank": {"1": str(other)}},
     ]  # fmt: skip
-    proc = launch(root, cases)
+    cases = _needed(request, cases)
+    proc = launch(root, cases, kernels=request.config.getoption("kernels"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     ranks = [json.loads((root / f"rank{r}.json").read_text()) for r in (0, 1)]
     return {c["name"]: (c, ranks[0][c["name"]], ranks[1][c["name"]]) for c in cases}

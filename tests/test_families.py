@@ -148,3 +148,15 @@ def test_a_muse_glimmer_dflash2_drafter_is_lossless(models_dir, tiny_pair):
     for block_size in (4, 16, "auto"):
         out, _ = spec(model, draft, tok, prompt, max_tokens=24, block_size=block_size)
         assert out == ref, block_size
+
+
+def test_the_run_uses_the_chosen_kernels(pair, chosen_kernels):
+    """`--kernels=mlx` puts every target and drafter on MLX's generic kernels."""
+    from dflash_mlx import backend
+    from dflash_mlx.engine.loop import as_target
+
+    model, _, draft = pair("qwen3")
+    want = (chosen_kernels or backend.for_device()).name
+    assert draft.kernels.name == want
+    assert as_target(model, draft).kernels.name == want
+    assert Target(model).cpu_blocks == (want != "mlx")  # the CPU's stand-ins, or none

@@ -3,7 +3,7 @@ size), timed the same way for all, with the losslessness check at temperature 0.
 
 import statistics
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 import mlx.core as mx
@@ -42,8 +42,12 @@ class Record:
     decode_tps: float  # (tokens - 1) / decode_s
     accept_lengths: list[int] = field(default_factory=list)
     peak_memory_gb: float = 0.0
-    lossless: bool | None = None  # same tokens as the baseline (temperature 0 only)
-    first_mismatch: int | None = None  # index of the first differing token
+    # temperature 0 only: no mismatch with the baseline (identical, or differing only
+    # at near-ties), the first differing token, and the classification
+    # (engine/exactness.py: verdict, tokens checked, every difference with its gap)
+    lossless: bool | None = None
+    first_mismatch: int | None = None
+    exactness: dict | None = None
     output: list[int] = field(default_factory=list, repr=False)
 
     @property
@@ -178,13 +182,16 @@ def run(
     engines: dict[str, Engine],
     samples: dict[str, list[Sample]],
     config: BenchConfig,
+    referee: Callable | None = None,
 ) -> Iterator[list[Record]]:
     """Measure every prompt turn under the baseline and each (engine, block size).
 
     Yields the records of one turn at a time. The order of the runs rotates from one
     turn to the next, so neither mode always runs first. At temperature 0 each engine's
-    tokens are compared with the baseline's (`Record.lossless`). In multi-turn sets the
-    baseline's answer goes back into the history.
+    tokens are compared with the baseline's (`Record.lossless`, `Record.exactness`);
+    `referee(prompt_ids)` gives `exactness.classify` its (next_logits, continue_plain)
+    to tell near-ties from mismatches (without one, any difference is a mismatch). In
+    multi-turn sets the baseline's answer goes back into the history.
     """
     if BASELINE not in engines:
         raise ValueError(f"engines must include '{BASELINE}' (plain decoding).")
@@ -218,7 +225,7 @@ def run(
                     )
                     for name, bs in slots
                 ]
-                _check(records, config.temperature)
+                _check(records, config.temperature, referee, ids)
                 yield records
                 answer = _strip_stop(records[0].output, tokenizer)
                 text = tokenizer.decode(answer, skip_special_tokens=True)
@@ -230,13 +237,25 @@ def _strip_stop(tokens: list[int], tokenizer) -> list[int]:
     return tokens[:-1] if tokens and tokens[-1] in stop else tokens
 
 
-def _check(records: list[Record], temperature: float):
+def _check(records: list[Record], temperature: float, referee, ids: list[int]):
+    """Each engine's output against the baseline's; the referee's callables are made
+    once, and only if an output differs."""
     if temperature > 0:
         return
+    from ..engine.exactness import IDENTICAL, MISMATCH, Exactness, classify
+
     base = records[0].output
+    made: tuple | None = None
     for r in records[1:]:
-        r.lossless = r.output == base
-        if not r.lossless:
+        if r.output == base:
+            result = Exactness(IDENTICAL, (), len(base))
+        elif referee is None:
+            result = Exactness(MISMATCH, (), 0)
+        else:
+            made = made or referee(ids)
+            result = classify(base, r.output, *made)
+        r.lossless, r.exactness = result.ok, result.to_dict()
+        if r.output != base:
             r.first_mismatch = next(
                 (
                     i

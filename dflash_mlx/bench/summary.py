@@ -47,7 +47,12 @@ def _row(dataset: str, engine: str, bs, base: list[Record], runs: list[Record]) 
         peak_memory_gb=max((r.peak_memory_gb for r in runs), default=0.0),
         baseline_peak_memory_gb=max((r.peak_memory_gb for r in base), default=0.0),
         lossless_failures=sum(r.lossless is False for r in runs),
+        near_ties=sum(_verdict(r) == "near_tie" for r in runs),
     )
+
+
+def _verdict(r: Record) -> str | None:
+    return (r.exactness or {}).get("verdict")
 
 
 def _failure(r: Record) -> dict:
@@ -58,13 +63,15 @@ def _failure(r: Record) -> dict:
         engine=r.engine,
         block_size=r.block_size,
         first_mismatch=r.first_mismatch,
+        exactness=r.exactness,
     )
 
 
 def summarize(records: list[Record]) -> dict:
     """One row per (dataset, engine, block size), plus an `all` row per (engine, block
     size) when there are several datasets; `lossless` is False if any output
-    differed."""
+    mismatched plain decoding (`failures`); outputs that differ only at near-ties
+    (engine/exactness.py) are listed in `near_ties`."""
     datasets = list(dict.fromkeys(r.dataset for r in records))
     keys = list(
         dict.fromkeys((r.engine, r.block_size) for r in records if r.engine != BASELINE)
@@ -79,9 +86,14 @@ def summarize(records: list[Record]) -> dict:
             runs = [r for r in rs if r.engine == engine and r.block_size == bs]
             rows.append(_row(d, engine, bs, base, runs))
     failures = [_failure(r) for r in records if r.lossless is False]
+    ties = [_failure(r) for r in records if _verdict(r) == "near_tie"]
     checked = any(r.lossless is not None for r in records)
     return dict(
-        rows=rows, lossless=not failures, lossless_checked=checked, failures=failures
+        rows=rows,
+        lossless=not failures,
+        lossless_checked=checked,
+        failures=failures,
+        near_ties=ties,
     )
 
 
@@ -94,6 +106,7 @@ def compact(summary: dict) -> dict:
     return dict(
         lossless=summary["lossless"],
         failures=len(summary["failures"]),
+        near_ties=len(summary.get("near_ties", ())),
         rows=[
             dict(
                 dataset=r["dataset"],
