@@ -24,6 +24,7 @@ class BenchOptions:
     plot: Path | None = None
     engines: list[str] = field(default_factory=list)
     pipeline: bool = False
+    lookup: bool | None = None  # prompt lookup (None: with --block-size auto)
 
 
 def resolve_models(model: str | None, draft: str | None) -> tuple[str, str]:
@@ -48,9 +49,13 @@ def _engines(opts: BenchOptions, model, draft, tokenizer, ids: tuple[str, str]) 
 
     engines = {
         bench.BASELINE: bench.mlx_lm_engine(model, tokenizer, make_sampler(opts.temp)),
-        "dflash": bench.dflash_engine(model, draft, tokenizer, opts.temp),
+        "dflash": bench.dflash_engine(
+            model, draft, tokenizer, opts.temp, lookup=opts.lookup
+        ),
     }
     for name in opts.engines:
+        if name == bench.PLAIN:
+            engines[name] = bench.plain_engine(model, tokenizer, opts.temp)
         if name == "reference":
             if ids[0].endswith(".gguf"):
                 raise ValueError(
@@ -94,10 +99,11 @@ def _config(opts: BenchOptions):
     if opts.max_tokens < 1:
         raise ValueError(f"--max-tokens must be at least 1, got {opts.max_tokens}.")
     validate.seed(opts.seed)
-    unknown = [e for e in opts.engines if e not in ("dflash", "reference")]
+    unknown = [e for e in opts.engines if e not in ("dflash", "reference", "plain")]
     if unknown:
         raise ValueError(
-            f"Unknown --engine '{unknown[0]}': the choices are dflash and reference."
+            f"Unknown --engine '{unknown[0]}': the choices are dflash, plain and "
+            "reference."
         )
     _check_outputs(opts)
     return bench.BenchConfig(
@@ -177,7 +183,7 @@ def execute(opts: BenchOptions, out=None, engines: dict | None = None) -> int:
         config.datasets = list(samples)
         ids = resolve_models(opts.model, opts.draft)
         group = join(opts.pipeline)
-        if group is not None and opts.engines:
+        if group is not None and "reference" in opts.engines:
             raise ValueError("--engine reference runs on one process: drop it here.")
     with errors.runtime(ui.console(stderr=True)):
         return _execute(out, ui, opts, config, samples, ids, engines, group)
@@ -242,7 +248,7 @@ def _block_sizes(out, ui, sizes: list, draft, opts: BenchOptions) -> list:
 
     largest = draft.args.block_size
     if not sizes:
-        return ["auto", largest] if opts.engines else ["auto"]
+        return ["auto", largest] if "reference" in opts.engines else ["auto"]
     capped = []
     for size in sizes:
         if size != "auto":
@@ -258,8 +264,8 @@ def bench(
         ...,
         "--dataset",
         "-d",
-        help="gsm8k, math500, humaneval, mbpp, "
-        "mt-bench, all, a comma list, or a .jsonl file of prompts/turns.",
+        help="gsm8k, math500, humaneval, mbpp, mt-bench, code-edits, all (the "
+        "first five), a comma list, or a .jsonl file of prompts/turns.",
     ),
     model: str | None = options.model(help="Target: Hub id or folder."),
     draft: str | None = options.draft(
@@ -291,9 +297,13 @@ def bench(
         None, "--plot", help="Write a PNG (needs dflash-mlx[plot])."
     ),
     engine: list[str] = typer.Option(
-        [], "--engine", help="Also measure: reference (the dflash package)."
+        [],
+        "--engine",
+        help="Also measure: plain (this package's plain decoding, as --no-draft "
+        "runs) or reference (the dflash package).",
     ),
     pipeline: bool = options.pipeline(),
+    lookup: bool | None = options.lookup(),
 ):
     """Measure plain mlx-lm decoding against DFlash, prompt by prompt; check it is
     lossless."""
@@ -312,5 +322,6 @@ def bench(
         plot,
         list(engine),
         pipeline,
+        lookup,
     )
     raise typer.Exit(execute(opts))

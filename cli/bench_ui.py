@@ -133,6 +133,18 @@ def summary_table(rows: list[dict]) -> Table:
     return table
 
 
+def sources_text(row: dict) -> str:
+    """Where a row's tokens came from, and its speedup over our plain decoding."""
+    parts = []
+    for name, s in row["sources"].items():
+        taken = "" if s["acceptance"] is None else f", {s['acceptance']:.0%} taken"
+        parts.append(f"{name} {s['token_share']:.0%} (τ {s['mean_tau']:.2f}{taken})")
+    text = f"sources ({row['dataset']}, B={row['block_size']}): " + " · ".join(parts)
+    if row.get("speedup_vs_plain"):
+        text += f" · {row['speedup_vs_plain']:.2f}× our plain decoding"
+    return text
+
+
 def results(out: Console, summary: dict, temperature: float):
     rows = summary["rows"]
     out.print(summary_table(rows))
@@ -147,6 +159,9 @@ def results(out: Console, summary: dict, temperature: float):
                 style="dim",
             )
         )
+    for row in rows:
+        if row.get("sources") and row["engine"] != "plain":
+            out.print(Text(sources_text(row), style="dim"))
     for row in overall:
         if row["mean_tau"] is not None:
             out.print(histogram(row))

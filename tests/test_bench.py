@@ -22,6 +22,9 @@ RECORD_KEYS = {
     "decode_s",
     "decode_tps",
     "accept_lengths",
+    "sources",
+    "proposed",
+    "taken",
     "mean_tau",
     "peak_memory_gb",
     "lossless",
@@ -45,6 +48,9 @@ ROW_KEYS = {
     "baseline_peak_memory_gb",
     "lossless_failures",
     "near_ties",
+    "sources",
+    "plain_tps",
+    "speedup_vs_plain",
 }
 ENV_KEYS = {
     "platform",
@@ -154,10 +160,10 @@ def test_all_datasets_two_samples_json_schema(pair, tmp_path):
 
 def _tampered(engine):
     def run(ids, max_tokens, block_size):
-        for n, (tokens, accepted) in enumerate(engine(ids, max_tokens, block_size)):
+        for n, (tokens, *rest) in enumerate(engine(ids, max_tokens, block_size)):
             if n == 2:
                 tokens = [tokens[0] + 1] + tokens[1:]
-            yield tokens, accepted
+            yield tokens, *rest
 
     return run
 
@@ -355,6 +361,58 @@ def test_summary_numbers():
     tally = bench.Tally()
     tally.add(records)
     assert tally.speedup() == (pytest.approx(2.0), 4)
+
+
+def test_summary_by_source():
+    """Per source: steps, tokens, their share, and how many proposals were taken;
+    against our plain decoding when it ran."""
+    run = _record("dflash", "auto", [1, 4, 2, 3], 30.0)
+    run.sources, run.proposed, run.taken = (
+        [None, "lookup", "draft", "lookup"],
+        [0, 7, 3, 3],
+        [0, 3, 1, 2],
+    )
+    records = [_record("baseline", 1, [], 10.0), _record("plain", 1, [], 12.0), run]
+    rows = bench.summarize(records)["rows"]
+    assert [r["engine"] for r in rows] == ["plain", "dflash"]
+    row = rows[1]
+    assert row["speedup_vs_plain"] == pytest.approx(2.5)
+    assert row["sources"]["lookup"] == dict(
+        steps=2, tokens=7, mean_tau=3.5, token_share=0.7, proposed=10, acceptance=0.5
+    )
+    assert row["sources"]["draft"]["acceptance"] == pytest.approx(1 / 3)
+    assert row["sources"]["plain"]["acceptance"] is None
+
+
+def test_plain_engine_code_edits_and_sources(pair, tmp_path):
+    """--engine plain measures this package's plain decoding beside DFlash (lookup
+    on by default with auto); the JSON says where each step's tokens came from."""
+    target, draft = pair
+    out = tmp_path / "edits.json"
+    result, lines = _invoke(
+        "--model", target, "--draft", draft, "--dataset", "code-edits",
+        "--max-samples", 2, "--max-tokens", 24, "--engine", "plain", "--json", out,
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    assert "sources (code-edits, B=auto)" in result.output
+    assert "our plain decoding" in result.output
+    last = json.loads(lines[-1])
+    assert last["lossless"] is True
+    assert [(r["engine"], r["speedup_vs_plain"] is None) for r in last["rows"]] == [
+        ("plain", False),
+        ("dflash", False),
+    ]
+    report = json.loads(out.read_text())
+    plain = [r for r in report["records"] if r["engine"] == "plain"]
+    assert len(plain) == 2 and all(set(r["sources"]) == {None} for r in plain)
+    dflash = [r for r in report["records"] if r["engine"] == "dflash"]
+    for r in dflash:
+        assert len(r["sources"]) == len(r["accept_lengths"]) == len(r["taken"])
+        assert set(r["sources"]) <= {None, "draft", "lookup", "splice"}
+    sources = report["summary"]["rows"][1]["sources"]
+    assert sum(s["tokens"] for s in sources.values()) == sum(
+        sum(r["accept_lengths"]) for r in dflash
+    )
 
 
 def test_parse_block_sizes():

@@ -10,9 +10,11 @@ API, loading, the engine, models, base modules); never chat/, serve/, train/ or 
 
 from .engines import (
     BASELINE,
+    PLAIN,
     Engine,
     dflash_engine,
     mlx_lm_engine,
+    plain_engine,
     reference_config,
     reference_engine,
 )
@@ -33,6 +35,7 @@ from .summary import SCHEMA, Tally, compact, report, summarize
 
 __all__ = [
     "BASELINE",
+    "PLAIN",
     "SCHEMA",
     "BenchConfig",
     "Engine",
@@ -49,6 +52,7 @@ __all__ = [
     "measure",
     "mlx_lm_engine",
     "parse_block_sizes",
+    "plain_engine",
     "reference_config",
     "reference_engine",
     "report",

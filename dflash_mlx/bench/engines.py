@@ -1,14 +1,17 @@
 """The engines a benchmark compares, each a callable `engine(prompt_ids, max_tokens,
 block_size)` that yields `(tokens, accepted)` per step (`accepted` = acceptance length,
-None for the prefill token). Engines are injectable, so tests can pass a wrong one."""
+None for the prefill token), or `(tokens, accepted, step)` where it knows more:
+`step` is `block_info`'s dict (what proposed the tokens, how many were proposed and
+taken). Engines are injectable, so tests can pass a wrong one."""
 
 from collections.abc import Callable, Iterable
 
 import mlx.core as mx
 
 # (prompt ids, max tokens, block size or "auto") -> (tokens, accepted) per step
-Engine = Callable[[list[int], int, int | str], Iterable[tuple[list[int], int | None]]]
+Engine = Callable[[list[int], int, int | str], Iterable[tuple]]
 BASELINE = "baseline"
+PLAIN = "plain"  # this package's own plain decoding (what --no-draft runs)
 
 
 def mlx_lm_engine(model, tokenizer, sampler) -> Engine:
@@ -24,10 +27,35 @@ def mlx_lm_engine(model, tokenizer, sampler) -> Engine:
     return run
 
 
+def block_info(response) -> dict:
+    """A response's proposals: `source` ("draft", "lookup", "splice"; None: none),
+    `proposed` (tokens verified after the last committed one), `taken` (accepted)."""
+    return dict(
+        source=response.source,
+        proposed=response.block_size - 1,
+        taken=response.from_draft,
+    )
+
+
+def plain_engine(model, tokenizer, temperature=0.0, top_p=1.0, top_k=0) -> Engine:
+    """This package's `stream_generate` without a drafter or lookup: the decoding that
+    DFlash's own gains are measured against (`generate --no-draft`)."""
+    from ..generate import stream_generate
+
+    def run(ids, max_tokens, block_size):
+        for r in stream_generate(
+            model, None, tokenizer, ids, max_tokens=max_tokens,
+            temperature=temperature, top_p=top_p, top_k=top_k, lookup=False,
+        ):  # fmt: skip
+            yield r.tokens, r.accepted, block_info(r)
+
+    return run
+
+
 def dflash_engine(
-    model, draft, tokenizer, temperature=0.0, top_p=1.0, top_k=0
+    model, draft, tokenizer, temperature=0.0, top_p=1.0, top_k=0, lookup=None
 ) -> Engine:
-    """This package's `stream_generate`."""
+    """This package's `stream_generate` (`lookup`: its prompt lookup setting)."""
     from ..engine.policy import AdaptiveBlockSize
     from ..generate import stream_generate
     from ..models.target import Target
@@ -47,8 +75,9 @@ def dflash_engine(
             temperature=temperature,
             top_p=top_p,
             top_k=top_k,
+            lookup=lookup,
         ):
-            yield r.tokens, r.accepted
+            yield r.tokens, r.accepted, block_info(r)
 
     return run
 

@@ -9,7 +9,7 @@ from dataclasses import asdict, dataclass, field
 import mlx.core as mx
 
 from ..datasets import Sample, load_dataset, resolve
-from .engines import BASELINE, Engine
+from .engines import BASELINE, PLAIN, Engine
 
 
 @dataclass
@@ -33,7 +33,7 @@ class Record:
     dataset: str
     sample: str
     turn: int
-    engine: str  # "baseline" (plain mlx-lm), "dflash", "reference"
+    engine: str  # "baseline" (plain mlx-lm), "plain" (ours), "dflash", "reference"
     block_size: int | str
     prompt_tokens: int
     tokens: int
@@ -41,6 +41,12 @@ class Record:
     decode_s: float  # time from the first token to the last
     decode_tps: float  # (tokens - 1) / decode_s
     accept_lengths: list[int] = field(default_factory=list)
+    # per verify step (aligned with accept_lengths), from engines that say: what
+    # proposed its tokens ("draft", "lookup", "splice"; None: nothing, plain decoding),
+    # how many were proposed (verified after the last token) and how many taken
+    sources: list[str | None] = field(default_factory=list)
+    proposed: list[int] = field(default_factory=list)
+    taken: list[int] = field(default_factory=list)
     peak_memory_gb: float = 0.0
     # temperature 0 only: no mismatch with the baseline (identical, or differing only
     # at near-ties), the first differing token, and the classification
@@ -90,14 +96,16 @@ def measure(engine: Engine, ids: list[int], max_tokens: int, block_size) -> dict
     mx.reset_peak_memory()
     tokens: list[int] = []
     taus: list[int] = []
+    steps: list[dict] = []
     first, n_first = None, 0
     start = time.perf_counter()
-    for step_tokens, accepted in engine(ids, max_tokens, block_size):
+    for step_tokens, accepted, *info in engine(ids, max_tokens, block_size):
         if first is None:
             first, n_first = time.perf_counter(), len(step_tokens)
         tokens.extend(int(t) for t in step_tokens)
         if accepted is not None:
             taus.append(int(accepted))
+            steps.append(info[0] if info else {})
     end = time.perf_counter()
     first = end if first is None else first
     decode_s = end - first
@@ -108,6 +116,9 @@ def measure(engine: Engine, ids: list[int], max_tokens: int, block_size) -> dict
         decode_s=decode_s,
         decode_tps=decoded / decode_s if decoded > 0 and decode_s > 0 else 0.0,
         accept_lengths=taus,
+        sources=[s.get("source") for s in steps] if any(steps) else [],
+        proposed=[s.get("proposed", 0) for s in steps] if any(steps) else [],
+        taken=[s.get("taken", 0) for s in steps] if any(steps) else [],
         peak_memory_gb=mx.get_peak_memory() / 1e9,
         output=tokens,
     )
@@ -148,13 +159,15 @@ def count_turns(samples: dict[str, list[Sample]]) -> int:
 def _slots(
     engines: dict[str, Engine], block_sizes: list
 ) -> list[tuple[str, int | str]]:
-    # "auto" is this package's adaptive block size; the reference has no such mode
+    # "auto" is this package's adaptive block size; the reference has no such mode;
+    # our plain decoding has one size
     slots: list[tuple[str, int | str]] = [(BASELINE, 1)]
+    slots += [(PLAIN, 1)] if PLAIN in engines else []
     return slots + [
         (n, b)
         for b in block_sizes
         for n in engines
-        if n != BASELINE and not (b == "auto" and n == "reference")
+        if n not in (BASELINE, PLAIN) and not (b == "auto" and n == "reference")
     ]
 
 

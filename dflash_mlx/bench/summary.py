@@ -1,11 +1,14 @@
 """Summaries of measured records: one row per (dataset, engine, block size), the
-one-line JSON, the full `--json` report, and the running speedup shown while it runs."""
+one-line JSON, the full `--json` report, and the running speedup shown while it runs.
+Each row says what proposed its tokens (`sources`: the drafter, prompt lookup, a splice
+of both, or nothing) and, when `--engine plain` ran, its speedup over this package's
+own plain decoding."""
 
 import statistics
 from collections.abc import Iterable
 from dataclasses import asdict
 
-from .engines import BASELINE
+from .engines import BASELINE, PLAIN
 from .measure import BenchConfig, Record
 
 SCHEMA = "dflash-mlx/bench/1"
@@ -26,11 +29,45 @@ def _histogram(taus: list[int], bins: int) -> list[float]:
     return [sum(t == i for t in taus) / len(taus) for i in range(1, bins + 1)]
 
 
-def _row(dataset: str, engine: str, bs, base: list[Record], runs: list[Record]) -> dict:
+def by_source(runs: list[Record]) -> dict:
+    """Per source ("draft", "lookup", "splice", "plain" for none): verify steps,
+    tokens committed and per step, share of all tokens, and the share of its
+    proposals accepted."""
+    steps = [
+        (source or "plain", tau, proposed, taken)
+        for r in runs
+        for source, tau, proposed, taken in zip(
+            r.sources, r.accept_lengths, r.proposed, r.taken, strict=False
+        )
+    ]
+    total = sum(step[1] for step in steps) or 1
+    out = {}
+    for name in sorted({step[0] for step in steps}):
+        mine = [step for step in steps if step[0] == name]
+        tokens, proposed = sum(m[1] for m in mine), sum(m[2] for m in mine)
+        out[name] = dict(
+            steps=len(mine),
+            tokens=tokens,
+            mean_tau=tokens / len(mine),
+            token_share=tokens / total,
+            proposed=proposed,
+            acceptance=sum(m[3] for m in mine) / proposed if proposed else None,
+        )
+    return out
+
+
+def _row(
+    dataset: str,
+    engine: str,
+    bs,
+    base: list[Record],
+    runs: list[Record],
+    plain: list[Record],
+) -> dict:
     taus = [t for r in runs for t in r.accept_lengths]
     bins = bs if isinstance(bs, int) else max(taus, default=1)  # auto: the longest
     per_prompt = [r.mean_tau for r in runs if r.mean_tau is not None]
-    base_tps, tps = _tps(base), _tps(runs)
+    base_tps, tps, plain_tps = _tps(base), _tps(runs), _tps(plain)
     return dict(
         dataset=dataset,
         engine=engine,
@@ -48,6 +85,9 @@ def _row(dataset: str, engine: str, bs, base: list[Record], runs: list[Record]) 
         baseline_peak_memory_gb=max((r.peak_memory_gb for r in base), default=0.0),
         lossless_failures=sum(r.lossless is False for r in runs),
         near_ties=sum(_verdict(r) == "near_tie" for r in runs),
+        sources=by_source(runs),
+        plain_tps=plain_tps or None,
+        speedup_vs_plain=tps / plain_tps if plain_tps else None,
     )
 
 
@@ -82,9 +122,10 @@ def summarize(records: list[Record]) -> dict:
     rows = []
     for d, rs in groups:
         base = [r for r in rs if r.engine == BASELINE]
+        plain = [r for r in rs if r.engine == PLAIN]
         for engine, bs in keys:
             runs = [r for r in rs if r.engine == engine and r.block_size == bs]
-            rows.append(_row(d, engine, bs, base, runs))
+            rows.append(_row(d, engine, bs, base, runs, plain))
     failures = [_failure(r) for r in records if r.lossless is False]
     ties = [_failure(r) for r in records if _verdict(r) == "near_tie"]
     checked = any(r.lossless is not None for r in records)
@@ -116,6 +157,7 @@ def compact(summary: dict) -> dict:
                 tps=_round3(r["tps"]),
                 speedup=_round3(r["speedup"]),
                 tau=_round3(r["mean_tau"]),
+                speedup_vs_plain=_round3(r.get("speedup_vs_plain")),
             )
             for r in summary["rows"]
         ],
