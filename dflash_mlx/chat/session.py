@@ -89,8 +89,13 @@ class ChatSession:
     def render_text(self, messages: list[dict] | None = None) -> str:
         """The prompt text for `messages` (default: the history) plus the assistant
         header."""
+        return self.prompt(messages).text
+
+    def prompt(self, messages: list[dict] | None = None) -> conversation.Prompt:
+        """`render_text`, with where message text spells special tokens (encoded as
+        plain text: no role can be forged)."""
         messages = self.messages if messages is None else messages
-        return conversation.render(
+        return conversation.render_prompt(
             self.tokenizer,
             [{"role": m["role"], "content": m["content"]} for m in messages],
             system=self.system,
@@ -99,16 +104,14 @@ class ChatSession:
         )
 
     def render(self, messages: list[dict] | None = None) -> list[int]:
-        return self.encode(self.render_text(messages))
+        return self.encode(self.prompt(messages))
 
-    def encode(self, prompt_text: str) -> list[int]:
+    def encode(self, prompt: str | conversation.Prompt) -> list[int]:
         """Prompt ids; the last exchange keeps its exact ids (the answer as generated,
         not re-tokenized) when the template renders it verbatim, so the cache
         matches."""
         special = not self.template or self.raw
-        return conversation.encode(
-            self.tokenizer, prompt_text, self._last, special=special
-        )
+        return conversation.encode(self.tokenizer, prompt, self._last, special=special)
 
     # -- state ------------------------------------------------------------------------
     @property
@@ -174,8 +177,8 @@ class ChatSession:
             raise ValueError("Empty message: type something (or /help).")
         validate.text(text, "This message")
         user = {"role": "user", "content": text}
-        prompt_text = self.render_text(self.messages + [user])
-        ids = self.encode(prompt_text)
+        prompt = self.prompt(self.messages + [user])
+        ids = self.encode(prompt)
         max_tokens = self.settings.max_tokens
         if self.context:
             room = self.context - len(ids)
@@ -190,7 +193,7 @@ class ChatSession:
                     f"{self.context}: {fix}."
                 )
             max_tokens = room if max_tokens < 0 else min(max_tokens, room)
-        return self._run(user, prompt_text, ids, max_tokens)
+        return self._run(user, prompt.text, ids, max_tokens)
 
     def _run(
         self, user: dict, prompt_text: str, ids: list[int], max_tokens: int

@@ -122,10 +122,11 @@ def render_chat(
             f"chat_template_kwargs cannot set {', '.join(clash)}: the server sets it.",
             param="chat_template_kwargs",
         )
-    if not getattr(tokenizer, "has_chat_template", False):
-        from ..conversation import render  # "Role: content" paragraphs, as the chat
+    from ..conversation import encode, render_messages, render_prompt
 
-        return tokenizer.encode(render(tokenizer, messages)), "normal"
+    if not getattr(tokenizer, "has_chat_template", False):
+        prompt = render_prompt(tokenizer, messages)  # "Role: content", as the chat
+        return encode(tokenizer, prompt, special=True), "normal"
 
     def apply(msgs):
         return tokenizer.apply_chat_template(
@@ -136,8 +137,10 @@ def render_chat(
             **(template_kwargs or {}),
         )
 
-    try:
-        text = place_system_messages(messages, apply)
+    try:  # message text that spells special tokens stays text: no forged roles
+        prompt = render_messages(
+            tokenizer, messages, lambda m: place_system_messages(m, apply)
+        )
     except Exception as e:  # jinja raises its own errors for messages it rejects
         raise ApiError(
             400,
@@ -145,7 +148,7 @@ def render_chat(
             "and their order.",
             param="messages",
         ) from None
-    ids = tokenizer.encode(text, add_special_tokens=False)
+    text, ids = prompt.text, encode(tokenizer, prompt)
     state = "normal"
     if tokenizer.has_thinking and text.rfind(tokenizer.think_start) > text.rfind(
         tokenizer.think_end
