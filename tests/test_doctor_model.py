@@ -151,3 +151,19 @@ def test_a_gemma4_hub_id_names_its_drafter_before_download(tmp_path, monkeypatch
         not m["loads"]
         and "hf download mlx-community/gemma-4-31b-it-4bit" in (m["reason"])
     )
+
+
+def test_the_hidden_kernels_flag():
+    """`dflash-mlx --kernels mlx ...` runs the command on MLX's generic kernels, and
+    only that command."""
+    from dflash_mlx import backend
+
+    before = backend.for_device().name
+    generic = CliRunner().invoke(
+        app, ["--kernels", "mlx", "doctor", "--matmul-size", "0", "--json"]
+    )
+    assert generic.exit_code == 0, generic.output
+    assert json.loads(generic.stdout)["small_products"] == "whole (MLX's own kernels)"
+    assert backend.for_device().name == before
+    bad = CliRunner().invoke(app, ["--kernels", "metal", "version"])
+    assert bad.exit_code == 2 and "--kernels must be one of" in bad.output
