@@ -200,3 +200,46 @@ def test_a_sequence_that_leaves_continues_alone_as_it_would_have(tiny_pair):
     )  # fmt: skip
     tokens += [t for r in rest for t in r.tokens]
     assert tokens == plain(model, tok, prompts[0], N)
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_lookup_copies_in_a_batch_stay_lossless(tiny_pair, family):
+    """Rows whose history repeats verify lookup copies (alone or spliced before the
+    drafter's drafts) beside rows that draft: greedy rows equal plain decoding,
+    seeded sampled rows their solo samples."""
+    target, draft, model, tok = _pair(tiny_pair, family)
+    texts = [
+        "abc abc abc abc abc ab",
+        "1, 2, 3, 1, 2, 3, 1, 2,",
+        "hello world",
+        "xy xy x",
+    ]
+    prompts = [tok.encode(t) for t in texts]
+    stops = frozenset(tok.eos_token_ids)
+    params = SamplingParams(temperature=0.8)
+    requests = [
+        Request(max_tokens=N, stop_tokens=stops),
+        Request(params, N, stops, seed=5),
+        Request(max_tokens=N, stop_tokens=stops),
+        Request(params, N, stops, seed=6),
+    ]
+    batch = Batch(target, draft, 4, lookup=True)  # a fixed size splices every copy
+    sources = []
+    step = batch.step
+
+    def recording_step():
+        out = step()
+        sources.extend(b.source for _, b in out)
+        return out
+
+    batch.step = recording_step
+    got = _run(batch, target, draft, prompts, requests, [0, 0, 1, 2])
+    assert {"lookup", "splice"} & set(sources), sources
+    for i, (ids, r) in enumerate(zip(prompts, requests, strict=True)):
+        if r.params.greedy:
+            assert got[i] == plain(model, tok, ids, N), f"prompt {i}"
+            continue
+        alone = stream_generate(
+            target, draft, tok, ids, max_tokens=N, temperature=0.8, seed=r.seed
+        )
+        assert got[i] == [t for resp in alone for t in resp.tokens], f"prompt {i}"

@@ -42,7 +42,10 @@ def server(pair):
     ids = chat_ids(tok, ORACLE_CHAT)
     tokens, _ = reference(model, draft, tok, ids, 80)
     oracle = copy_weights(FailingOracle(draft.args, ids + tokens, 2000), draft)
-    with LiveServer(model, tok, oracle, block_size=4, max_tokens=512) as s:
+    # lookup off: the oracle drafter alone proposes, in blocks of 4
+    with LiveServer(
+        model, tok, oracle, block_size=4, max_tokens=512, lookup=False
+    ) as s:
         yield s
 
 

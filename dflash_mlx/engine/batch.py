@@ -8,6 +8,10 @@ caches, models/ragged.py) and leaves between steps (`leave` gives its row back a
 PromptCache, e.g. to the prefix cache). Free rows are reused, and the caches are
 compacted when most rows are free.
 
+With `lookup`, a sequence whose history has a copy (engine/lookup.py) verifies it in
+the first positions of its block, the drafter's drafts after it; the block size is
+the policy's plan for the most promising copy (engine/sources.py), else its `next`.
+
 Each committed token is the target's own choice at its position (its argmax, its
 seeded draw, or a rejection-sampling draw), exactly as in engine/loop.py, so a
 sequence gets the tokens it gets alone wherever the target's kernels compute a row the
@@ -26,9 +30,12 @@ from ..models.ragged import BatchCaches
 from ..models.target import Target
 from ..sampling import SamplingParams, SeededNoise, token_logprobs
 from .lockstep import Lockstep, shared_seed
+from .lookup import LookupIndex
 from .loop import Block
-from .policy import FixedBlockSize
+from .policy import MAX_LOOKUP, FixedBlockSize
+from .sources import DRAFT, LOOKUP, NAMES, SPLICE, Plan
 from .step import accept, logprob_rows
+from .verify import one_hot
 
 
 @dataclass(frozen=True)
@@ -54,6 +61,7 @@ class Member:
     seeded: SeededNoise | None = None
     # features of committed tokens the drafter has not absorbed yet
     unabsorbed: list[mx.array] = field(default_factory=list)
+    index: LookupIndex | None = None  # its history, for prompt lookup
 
     @property
     def room(self) -> float:
@@ -64,8 +72,8 @@ class Member:
 class Batch:
     """The sequences decoding now, and one verify step for all of them."""
 
-    def __init__(self, target: Target, draft, block_size=1):
-        self.target, self.draft = target, draft
+    def __init__(self, target: Target, draft, block_size=1, lookup: bool = False):
+        self.target, self.draft, self.lookup = target, draft, lookup
         policy = FixedBlockSize(block_size) if isinstance(block_size, int) else None
         self.policy = policy or block_size
         if draft is None:
@@ -76,6 +84,7 @@ class Batch:
         self.head = DraftHead.for_drafter(target, draft) if draft is not None else None
         self.caches: BatchCaches | None = None
         self.members: list[Member | None] = []  # by row; None: a free row
+        self._keeps: list[int] = []  # tokens each row kept in the last step
 
     @property
     def active(self) -> list[Member]:
@@ -106,6 +115,9 @@ class Batch:
         if seed is not None and not request.params.greedy:
             seeded = SeededNoise(seed)
         member = Member(request, row, first, list(cache.tokens), 1, seeded)
+        if self.lookup:
+            member.index = LookupIndex()
+            member.index.sync([*cache.tokens, first])
         self.members[row] = member
         return member
 
@@ -141,11 +153,13 @@ class Batch:
             return []
         start = time.perf_counter()
         room = min(m.room for m in members)
-        size = self.policy.next(limit=int(min(room, 1 << 30)))
+        size, copies = self._plan(members, int(min(room, 1 << 30)))
         drafts = q_rows = None
         if size > 1:
-            self._absorb(members)
-            drafts, q_rows = self._draft(members, size)
+            if any(len(copies.get(m.row, ())) < size - 1 for m in members):
+                self._absorb(members)
+                drafts, q_rows = self._draft(members, size)
+            drafts, q_rows = self._splice(drafts, q_rows, copies, size)
         ids = self._lasts()[:, None]
         if drafts is not None:
             ids = mx.concatenate([ids, drafts.astype(ids.dtype)], axis=1)
@@ -156,7 +170,47 @@ class Batch:
         mx.eval(results, *[a for rows in logprobs.values() for a in rows])
         rows = results.tolist()
         seconds = time.perf_counter() - start
-        return self._commit(members, rows, logprobs, features, tape, size, seconds)
+        blocks = self._commit(members, rows, logprobs, features, size, copies, seconds)
+        self.target.rollback_rows(self._caches.target, tape or [], self._keeps)
+        return blocks
+
+    def _plan(self, members, limit: int) -> tuple[int, dict[int, list[int]]]:
+        """The block size, and the rows' lookup copies (row -> ids) to verify."""
+        plan = getattr(self.policy, "plan", None)
+        if not self.lookup or plan is None or limit < 2:
+            return self.policy.next(limit=limit), {}
+        cap = min(getattr(self.policy, "max_lookup", MAX_LOOKUP), limit - 1)
+        copies, best = {}, None
+        for m in members:
+            copy = m.index.propose(cap) if m.index is not None else []
+            if copy:
+                copies[m.row] = copy
+                key = (m.index.match, len(copy))
+                best = max(best or key, key)
+        if best is None:
+            return self.policy.next(limit=limit), {}
+        chosen = plan(limit, best[1], best[0], self.draft is not None)
+        if chosen.source == DRAFT:
+            return chosen.size, {}
+        return chosen.size, {r: c[: chosen.size - 1] for r, c in copies.items()}
+
+    def _splice(self, drafts, q_rows, copies: dict, size: int):
+        """Each row's copy in place of its first drafts (q one-hot there)."""
+        if not copies:
+            return drafts, q_rows
+        vocab = self.target.vocab_size
+        if drafts is None:  # every row verifies a copy: no drafter forward
+            drafts = mx.zeros((len(self.members), size - 1), mx.int32)
+            q_rows = {}
+        rows = [drafts[i] for i in range(len(self.members))]
+        for row, copy in copies.items():
+            head = mx.array(copy, drafts.dtype)
+            rows[row] = mx.concatenate([head, rows[row][len(copy) :]])
+            q = q_rows.get(row)
+            if q is not None or (row not in q_rows and len(copy) == size - 1):
+                tail = q[len(copy) :] if q is not None else mx.zeros((0, vocab))
+                q_rows[row] = mx.concatenate([one_hot(head, vocab), tail])
+        return mx.stack(rows), q_rows
 
     def _lasts(self) -> mx.array:
         lasts = [0] * len(self.members)  # free rows verify a dummy token, kept never
@@ -220,31 +274,37 @@ class Batch:
                 logprobs[m.row] = token_logprobs(logits[m.row], emitted, top)
         return mx.stack(out), logprobs
 
-    def _commit(self, members, rows, logprobs, features, tape, size, seconds):
-        """Keep each row's committed tokens; roll every row back to them."""
-        blocks, keeps = [], [0] * len(self.members)
+    def _commit(self, members, rows, logprobs, features, size, copies, seconds):
+        """Keep each row's committed tokens (`_keeps`: how many, per row)."""
+        blocks, self._keeps = [], [0] * len(self.members)
         for m in members:
             accepted, emitted = rows[m.row][0], rows[m.row][1:]
             tokens = emitted[: accepted + 1]
             stops = (i + 1 for i, t in enumerate(tokens) if t in m.request.stop_tokens)
             tokens = tokens[: int(min(next(stops, len(tokens)), m.room))]
-            keeps[m.row] = len(tokens)
+            self._keeps[m.row] = len(tokens)
             if self.draft is not None:
                 m.unabsorbed.append(features[m.row : m.row + 1, : len(tokens)])
             m.tokens.append(m.last)
             m.tokens.extend(tokens[:-1])
             m.last, m.produced = tokens[-1], m.produced + len(tokens)
+            if m.index is not None:
+                m.index.extend(tokens)
+            plan = _row_plan(size, len(copies.get(m.row, ())))
             block = Block(
                 tokens,
                 min(accepted, len(tokens)),
                 size,
                 tokens[-1] in m.request.stop_tokens,
                 logprobs=logprob_rows(logprobs.get(m.row), len(tokens)),
-                source="draft" if size > 1 else None,
+                source=NAMES[plan.source] if size > 1 else None,
             )
             blocks.append((m, block))
-            self.policy.observe(size, accepted, seconds, verified=size)
-        self.target.rollback_rows(self._caches.target, tape or [], keeps)
+            extra = {}
+            if plan.source != DRAFT:
+                match = m.index.match if m.index is not None else 0
+                extra = dict(source=plan.source, match=match, copied=plan.copied)
+            self.policy.observe(size, accepted, seconds, verified=size, **extra)
         return blocks
 
     def _absorb(self, members: Sequence[Member]):
@@ -264,3 +324,10 @@ class Batch:
             part = parts.get(row, like[:, :0])
             padded.append(mx.pad(part, [(0, 0), (0, width - part.shape[1]), (0, 0)]))
         self.draft.absorb(mx.concatenate(padded, axis=0), self._caches.draft, counts)
+
+
+def _row_plan(size: int, copied: int) -> Plan:
+    """What a row's block was: a copy alone, a copy then drafts, or drafts."""
+    if copied and copied >= size - 1:
+        return Plan(LOOKUP, 1 + copied, copied)
+    return Plan(SPLICE if copied else DRAFT, size, copied)

@@ -17,6 +17,7 @@ import mlx.core as mx
 
 from ..engine.batch import Batch, Request
 from ..engine.lockstep import shared_seed
+from ..engine.lookup import LookupIndex
 from ..engine.loop import Block, generate_blocks
 from ..engine.prefill import first_token, prefill
 from ..models.cache import PromptCache
@@ -65,6 +66,7 @@ class ServeEngine:
         store: PrefixStore,
         block_size,
         prefill_chunk: int = 512,
+        lookup: bool = False,
     ):
         self.target, self.draft, self.store = target, draft, store
         self.stop_tokens, self.prefill_chunk = stop_tokens, prefill_chunk
@@ -72,7 +74,7 @@ class ServeEngine:
         if reason is not None:
             log.warning("decoding one sequence at a time: %s", reason)
         lane = Batch if reason is None else Solo
-        self.decoding = lane(target, draft, block_size)
+        self.decoding = lane(target, draft, block_size, lookup)
         self.sequences: dict[int, Sequence] = {}
         self.snapshot_seconds = 0.0  # taking prefix-cache snapshots, in all
 
@@ -158,7 +160,7 @@ class ServeEngine:
         for key in [k for k, s in self.sequences.items() if s.member is not None]:
             del self.sequences[key]
         self.decoding = type(self.decoding)(
-            self.target, self.draft, self.decoding.policy
+            self.target, self.draft, self.decoding.policy, self.decoding.lookup
         )
 
     @property
@@ -210,8 +212,9 @@ class Solo:
     """The decoding lane for targets whose caches cannot be batched: one block per
     sequence per step, each on its own caches (engine/loop.py)."""
 
-    def __init__(self, target, draft, block_size):
+    def __init__(self, target, draft, block_size, lookup: bool = False):
         self.target, self.draft, self.policy = target, draft, block_size
+        self.lookup = lookup
         self.members: list[_Solo] = []
 
     def __len__(self) -> int:
@@ -235,6 +238,7 @@ class Solo:
             request.stop_tokens,
             seed=request.seed,
             logprobs=request.logprobs,
+            lookup=LookupIndex() if self.lookup else None,
         )
         member = _Solo(request, cache, blocks)
         self.members.append(member)

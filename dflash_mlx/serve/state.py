@@ -94,7 +94,13 @@ def build_engine(target, tokenizer, draft, config: ServeConfig, follower=False):
     store = PrefixStore(lambda: make_prompt_cache(target, draft), budget, spill)
     stops = frozenset(tokenizer.eos_token_ids)
     return ServeEngine(
-        target, draft, stops, store, block_size, prefill_chunk=config.prefill_chunk
+        target,
+        draft,
+        stops,
+        store,
+        block_size,
+        prefill_chunk=config.prefill_chunk,
+        lookup=config.lookup,
     )
 
 
