@@ -122,6 +122,12 @@ def serve(
     prompt_cache_disk_bytes: str = typer.Option(
         "8G", "--prompt-cache-disk-bytes", help="Largest size of --prompt-cache-dir."
     ),
+    max_kv_bytes: str = typer.Option(
+        "auto",
+        "--max-kv-bytes",
+        help="Caches of the requests decoding together at most; beyond, requests "
+        "wait (auto: half the memory).",
+    ),
     prefill_chunk: int = typer.Option(
         512,
         "--prefill-chunk",
@@ -162,6 +168,7 @@ def serve(
         prompt_cache_bytes, prompt_cache_dir, prompt_cache_disk_bytes, group
     )
     cache.update(prefill_chunk=prefill_chunk, lookup=lookup)  # alike on every rank
+    cache["max_kv_bytes"] = _memory_budget(max_kv_bytes)
     body_bytes = parse_bytes(max_body_bytes, "--max-body-bytes")
     warning = host_warning(host, api_key)
     if warning:
@@ -203,6 +210,18 @@ def serve(
     finally:
         sock.close()
     ui.info(out, "Server stopped.")
+
+
+def _memory_budget(text: str) -> int:
+    """--max-kv-bytes: a size, or half the machine's memory."""
+    import os
+
+    if text != "auto":
+        return parse_bytes(text, "--max-kv-bytes")
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // 2
+    except (ValueError, OSError):  # no sysconf: no limit
+        return 0
 
 
 def _engine_options(ram: str, folder: str | None, disk: str, group) -> dict:

@@ -82,6 +82,9 @@ class Batch:
             self.policy = Lockstep(self.policy, target.group)  # rank 0's choices
         self.mask_id = draft.args.mask_token_id if draft is not None else 0
         self.head = DraftHead.for_drafter(target, draft) if draft is not None else None
+        if self.head is not None and self.head.rows is not None:
+            # made here, used on the engine's thread: no lazy graph may cross threads
+            mx.eval(self.head.rows.parameters())
         self.caches: BatchCaches | None = None
         self.members: list[Member | None] = []  # by row; None: a free row
         self._keeps: list[int] = []  # tokens each row kept in the last step

@@ -98,8 +98,7 @@ def _render(state, req: CountTokensRequest):
     thinking = THINKING.get(str((req.thinking or {}).get("type")))
     if thinking is not None:
         kwargs["enable_thinking"] = thinking
-    ids, initial = render_chat(state.tokenizer, messages, tools, kwargs)
-    return ids, initial, tools
+    return render_chat(state.tokenizer, messages, tools, kwargs, state.history), tools
 
 
 def _input_arguments(args) -> dict:
@@ -139,7 +138,7 @@ async def count_tokens(request: Request):
     state = request.app.state.server
     req = await read_request(request, CountTokensRequest)
     state.config.served_model(req.model)
-    ids, _, _ = _render(state, req)
+    ids = _render(state, req)[0].ids
     return {"input_tokens": len(ids)}
 
 
@@ -148,7 +147,8 @@ async def messages(request: Request):
     state = request.app.state.server
     req = await read_request(request, MessagesRequest)
     model = state.config.served_model(req.model)
-    ids, initial, tools = _render(state, req)
+    prompt, tools = _render(state, req)
+    ids, initial = prompt.ids, prompt.state
     sampling = Sampling(
         max_tokens=req.max_tokens,
         temperature=req.temperature,
@@ -156,7 +156,15 @@ async def messages(request: Request):
         top_k=req.top_k,
         stop=stop_list(req.stop_sequences, "stop_sequences"),
     )
-    gen = start(state, ids, sampling, "messages", tools=tools, initial_state=initial)
+    gen = start(
+        state,
+        ids,
+        sampling,
+        "messages",
+        tools=tools,
+        initial_state=initial,
+        prompt=prompt,
+    )
     head = {
         "id": f"msg_{uuid.uuid4().hex}",
         "type": "message",

@@ -25,6 +25,7 @@ class ServeConfig:
     prompt_cache_dir: str | None = None  # where it spills to disk (None: RAM only)
     prompt_cache_disk_bytes: int = 8 << 30
     prefill_chunk: int = 512  # prompt tokens a turn, between the decoding steps
+    max_kv_bytes: int = 0  # the decoding batch's caches at most (0: no limit)
     max_body_bytes: int = 16 << 20
     api_key: str | None = None
 

@@ -77,6 +77,7 @@ class ServeEngine:
         self.decoding = lane(target, draft, block_size, lookup)
         self.sequences: dict[int, Sequence] = {}
         self.snapshot_seconds = 0.0  # taking prefix-cache snapshots, in all
+        self.token_bytes = 0.0  # cache bytes a token takes (seen at the first prefill)
 
     def admit(self, key: int, job, reuse: int | None = None) -> Sequence:
         """Restore the longest cached prefix of `job.prompt` (at most `reuse` tokens
@@ -110,11 +111,13 @@ class ServeEngine:
         if seq.todo:
             mx.eval([c.state for c in cache.target + (cache.draft or [])])
             if end in seq.points:
-                tick = time.perf_counter()
-                seq.snapshots[end] = take_snapshot(cache)
-                self.snapshot_seconds += time.perf_counter() - tick
+                seq.snapshots[end] = self._snapshot(cache)
             seq.prefill_seconds += time.perf_counter() - start
             return None
+        if not self.token_bytes:
+            self.token_bytes = cache.nbytes / len(cache.tokens)
+        if not self.store.cut_anywhere:  # the prompt's end: the next turn starts here
+            seq.snapshots[len(cache.tokens)] = self._snapshot(cache)
         job = seq.job
         params = SamplingParams(job.temperature, job.top_p, job.top_k, job.min_p)
         seeded = None if job.seed is None else SeededNoise(job.seed)
@@ -132,6 +135,12 @@ class ServeEngine:
             seq.member = self.decoding.join(request, cache, token)
             seq.cache = None
         return Block([token], 0, 1, finished, reused=seq.reused, logprobs=rows)
+
+    def _snapshot(self, cache: PromptCache):
+        tick = time.perf_counter()
+        snapshot = take_snapshot(cache)
+        self.snapshot_seconds += time.perf_counter() - tick
+        return snapshot
 
     def step(self) -> list[tuple[Sequence, Block]]:
         """One verified block of every decoding sequence."""
@@ -166,6 +175,18 @@ class ServeEngine:
     @property
     def kv_bytes(self) -> int:
         return self.decoding.nbytes
+
+    def fits(self, job, budget: int) -> bool:
+        """Whether decoding `job` beside the others may stay within `budget` bytes
+        of caches: a batch's rows all grow to its longest (models/ragged.py)."""
+        if not budget or not self.sequences or not self.token_bytes:
+            return True
+        longest = max(
+            len(s.job.prompt) + s.job.max_tokens for s in self.sequences.values()
+        )
+        longest = max(longest, len(job.prompt) + job.max_tokens)
+        rows = len(self.sequences) + 1
+        return rows * longest * self.token_bytes <= budget
 
     def cache_report(self) -> dict:
         """The prefix cache in numbers (GET /health, /metrics)."""

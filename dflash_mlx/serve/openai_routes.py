@@ -123,12 +123,25 @@ async def chat_completions(request: Request):
     if req.enable_thinking is not None:
         template_kwargs["enable_thinking"] = req.enable_thinking
     tools = tool_specs(req.tools)
-    ids, initial = render_chat(
-        state.tokenizer, chat_messages(req.messages), tools, template_kwargs
+    prompt = render_chat(
+        state.tokenizer,
+        chat_messages(req.messages),
+        tools,
+        template_kwargs,
+        state.history,
     )
+    ids, initial = prompt.ids, prompt.state
     top = req.top_logprobs or 0
     sampling = _sampling(req, max(top, 1) if req.logprobs else 0)
-    gen = start(state, ids, sampling, "chat", tools=tools, initial_state=initial)
+    gen = start(
+        state,
+        ids,
+        sampling,
+        "chat",
+        tools=tools,
+        initial_state=initial,
+        prompt=prompt,
+    )
     head = _head("chatcmpl", model, "chat.completion")
     if req.stream:
         return event_stream(_chat_chunks(gen, head, req, state.tokenizer))

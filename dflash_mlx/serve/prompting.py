@@ -3,6 +3,7 @@
 
 import json
 import logging
+from typing import NamedTuple
 
 from .errors import ApiError
 
@@ -111,10 +112,21 @@ _RESERVED = {
 }
 
 
+class ChatPrompt(NamedTuple):
+    """A chat request's prompt: its ids, the state the answer starts in ("normal" or
+    "reasoning"), its text, and where its system part ends (tokens; 0: none)."""
+
+    ids: list[int]
+    state: str
+    text: str = ""
+    boundary: int = 0
+
+
 def render_chat(
-    tokenizer, messages: list[dict], tools=None, template_kwargs=None
-) -> tuple[list[int], str]:
-    """(prompt ids, the state the answer starts in: "normal" or "reasoning")."""
+    tokenizer, messages: list[dict], tools=None, template_kwargs=None, history=None
+) -> ChatPrompt:
+    """The prompt of a chat request; with `history` (serve/history.py), the ids of
+    resent answers are the ones they were generated with."""
     clash = sorted(_RESERVED & set(template_kwargs or {}))
     if clash:
         raise ApiError(
@@ -126,7 +138,7 @@ def render_chat(
 
     if not getattr(tokenizer, "has_chat_template", False):
         prompt = render_prompt(tokenizer, messages)  # "Role: content", as the chat
-        return encode(tokenizer, prompt, special=True), "normal"
+        return ChatPrompt(encode(tokenizer, prompt, special=True), "normal")
 
     def apply(msgs):
         return tokenizer.apply_chat_template(
@@ -148,13 +160,40 @@ def render_chat(
             "and their order.",
             param="messages",
         ) from None
-    text, ids = prompt.text, encode(tokenizer, prompt)
+    text = prompt.text
+    ids = encode(tokenizer, prompt, history.find(text) if history else None)
     state = "normal"
     if tokenizer.has_thinking and text.rfind(tokenizer.think_start) > text.rfind(
         tokenizer.think_end
     ):
         state = "reasoning"  # the template opened a thinking block for the answer
-    return ids, state
+    boundary = _system_end(tokenizer, messages, tools, template_kwargs, ids)
+    return ChatPrompt(ids, state, text, boundary)
+
+
+def _system_end(tokenizer, messages: list[dict], tools, kwargs, ids: list[int]) -> int:
+    """Tokens of the prompt's system part (its system messages, and the tools a
+    template writes with them) when the prompt starts with it alone; else 0. The
+    prefix cache keeps a recurrent model's state there, so another conversation with
+    the same system part starts from it."""
+    from ..conversation import encode
+
+    head = []
+    for m in messages:
+        if m.get("role") != "system":
+            break
+        head.append(m)
+    if not head:
+        return 0
+    try:
+        text = tokenizer.apply_chat_template(
+            head, tools=tools or None, add_generation_prompt=False, tokenize=False,
+            **(kwargs or {}),
+        )  # fmt: skip
+    except Exception:  # a template that wants a user turn: no boundary
+        return 0
+    part = encode(tokenizer, text)
+    return len(part) if 0 < len(part) < len(ids) and ids[: len(part)] == part else 0
 
 
 def completion_prompt(tokenizer, prompt, vocab_size: int) -> list[int]:

@@ -290,11 +290,20 @@ async def responses(request: Request):
     effort = (req.reasoning or {}).get("effort")
     if effort is not None:
         kwargs["enable_thinking"] = effort not in ("none", "minimal")
-    ids, initial = render_chat(state.tokenizer, messages, tools, kwargs)
+    prompt = render_chat(state.tokenizer, messages, tools, kwargs, state.history)
+    ids, initial = prompt.ids, prompt.state
     sampling = Sampling(
         max_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p
     )
-    gen = start(state, ids, sampling, "responses", tools=tools, initial_state=initial)
+    gen = start(
+        state,
+        ids,
+        sampling,
+        "responses",
+        tools=tools,
+        initial_state=initial,
+        prompt=prompt,
+    )
     head = {
         "id": _new_id("resp"),
         "object": "response",

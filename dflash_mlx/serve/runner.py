@@ -87,6 +87,8 @@ class Generation:
         self.endpoint = endpoint
         self.stats = RequestStats()
         self.finish: str | None = None  # "eos", "length" or "stop" (a stop string)
+        self.prompt = None  # the chat prompt, when the answer may be resent
+        self.content = ""  # the answer as the client got it
         self._checked = time.monotonic()
 
     @property
@@ -134,9 +136,11 @@ class Generation:
                 if self.finish is not None:
                     self.ticket.cancel()  # a stop string: no more blocks needed
                     delta.extend(self.text.finish())
+                self.content += delta.content
                 if delta:
                     yield delta
             status = "ok"
+            self._keep_for_next_turn()
         except ApiError as e:
             status, e.counted = e.metric_status, True
             raise
@@ -148,6 +152,17 @@ class Generation:
         finally:
             self.ticket.cancel()  # client gone or error: free the engine slot
             self.state.metrics.observe_end(self.endpoint, status, self)
+
+    def _keep_for_next_turn(self):
+        """The answer's ids, for when the client resends it as text: only a plain
+        answer (no reasoning, tool call or stop string cut out of it)."""
+        text, prompt = self.text, self.prompt
+        if prompt is None or not prompt.text or text.made_tool_call:
+            return
+        if self.finish not in ("eos", "length") or text.saw_reasoning:
+            return
+        tokens = text.tokens[:-1] if self.finish == "eos" else text.tokens
+        self.state.history.record(prompt.text, prompt.ids, self.content, tokens)
 
     async def collect(self, disconnected=None) -> Delta:
         """The whole output (non-streaming responses)."""
@@ -174,7 +189,7 @@ class Generation:
                 continue
 
 
-def make_job(state, ids: list[int], sampling: Sampling) -> Job:
+def make_job(state, ids: list[int], sampling: Sampling, boundary: int = 0) -> Job:
     """The engine job for `ids`, with the server's defaults and limits applied."""
     cfg = state.config
     if not ids:
@@ -204,6 +219,7 @@ def make_job(state, ids: list[int], sampling: Sampling) -> Job:
         min_p=pick(sampling.min_p, cfg.min_p),
         seed=sampling.seed,
         logprobs=sampling.logprobs,
+        boundaries=(boundary,) if boundary else (),
     )
 
 
@@ -216,11 +232,13 @@ def start(
     tools=None,
     initial_state: str = "normal",
     raw: bool = False,
+    prompt=None,
 ) -> Generation:
     """Validate and submit a request; 503 with Retry-After when the queue is full.
 
-    `raw` (text completions) turns off the reasoning/tool-call split."""
-    job = make_job(state, ids, sampling)
+    `raw` (text completions) turns off the reasoning/tool-call split; `prompt` (a
+    chat request's prompting.ChatPrompt) lets the answer be kept for the next turn."""
+    job = make_job(state, ids, sampling, prompt.boundary if prompt else 0)
     try:
         ticket = state.scheduler.submit(job, asyncio.get_running_loop())
     except (QueueFull, ShuttingDown) as e:
@@ -238,4 +256,6 @@ def start(
         tools=tools,
         initial_state=initial_state,
     )
-    return Generation(state, ticket, text, endpoint)
+    generation = Generation(state, ticket, text, endpoint)
+    generation.prompt = prompt
+    return generation

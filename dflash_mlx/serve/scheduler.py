@@ -119,6 +119,7 @@ class Scheduler:
         max_queue: int = 16,
         timeout: float = 600.0,
         mirror=None,
+        max_kv_bytes: int = 0,
     ):
         if max_concurrency < 1 or max_queue < 0 or timeout <= 0:
             raise ValueError(
@@ -134,13 +135,15 @@ class Scheduler:
         self.active = 0  # jobs being worked on (written by the engine thread only)
         self.mirror = mirror  # a sharded target: every move is told to the other ranks
         self._tickets: dict[int, Ticket] = {}
+        self.max_kv_bytes = max_kv_bytes  # the decoding caches' budget (0: none)
+        self._held: Ticket | None = None  # admitted next, once the budget allows
         self._keys = 0
         self._prefill_turn = True
 
     # -- HTTP side -----------------------------------------------------------------
     @property
     def waiting(self) -> int:
-        return self._waiting.qsize()
+        return self._waiting.qsize() + (self._held is not None)
 
     def submit(self, job: Job, loop: asyncio.AbstractEventLoop) -> Ticket:
         """Queue `job`; raises QueueFull or ShuttingDown instead of blocking."""
@@ -215,9 +218,15 @@ class Scheduler:
 
     def _admit_waiting(self):
         while len(self._tickets) < self.max_concurrency:
+            ticket, self._held = self._held, None
             try:  # wait a little only when there is nothing else to do
-                ticket = self._waiting.get(block=not self._tickets, timeout=0.1)
+                ticket = ticket or self._waiting.get(
+                    block=not self._tickets, timeout=0.1
+                )
             except queue.Empty:
+                return
+            if self._tickets and not self.engine.fits(ticket.job, self.max_kv_bytes):
+                self._held = ticket  # it waits for memory: the next to go in
                 return
             if ticket.cancelled:
                 ticket.send(Finished("cancelled"))
@@ -321,6 +330,8 @@ class Scheduler:
         failure = Failed(503, "The server is shutting down.", "server_shutting_down")
         for key in list(self._tickets):
             self._end(key, failure)
+        if self._held is not None:
+            self._held.send(failure)
         while True:
             try:
                 self._waiting.get_nowait().send(failure)

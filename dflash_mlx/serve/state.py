@@ -17,6 +17,7 @@ class ServerState:
     machine: object  # TextStateMachine with the tokenizer's reasoning/tool markers
     raw_machine: object  # one with no markers (raw completions)
     context_length: int | None
+    history: object = None  # serve/history.History: answers' ids, for resent text
 
     def check_model(self, name: str | None):
         """404 unless `name` (when given) is the served model or one of its aliases."""
@@ -41,6 +42,7 @@ def build_state(
     from ..engine.loop import as_target
     from ..generate import wrap_tokenizer
     from ..loading.resolve import context_length
+    from .history import History
     from .metrics import Metrics
     from .scheduler import Scheduler
 
@@ -57,6 +59,7 @@ def build_state(
         max_queue=config.max_queue,
         timeout=config.request_timeout,
         mirror=mirror,
+        max_kv_bytes=config.max_kv_bytes,
     )
     max_block = draft.args.block_size if draft is not None else 1
     return ServerState(
@@ -69,6 +72,7 @@ def build_state(
         machine=make_text_state_machine(tokenizer),
         raw_machine=TextStateMachine(),
         context_length=context_length(target.model),
+        history=History(),
     )
 
 

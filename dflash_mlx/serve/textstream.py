@@ -98,6 +98,7 @@ class TextStream:
         self.tokens: list[int] = []  # tokens the output consumed (EOS included)
         self.stop_hit: str | None = None
         self.made_tool_call = False
+        self.saw_reasoning = initial_state == "reasoning"  # text not in the answer
 
     def feed(self, tokens: list[int], logprobs=None, eos: bool = False) -> Delta:
         """Consume a block's tokens (the last is EOS when `eos`) up to a stop string."""
@@ -141,6 +142,8 @@ class TextStream:
 
     def _collect(self, segments, delta: Delta):
         for state, text in segments:
+            if state != "normal" and text:
+                self.saw_reasoning = True  # text the answer's content leaves out
             if state == "reasoning":
                 delta.reasoning += text
             elif state == "tool":
