@@ -1,6 +1,6 @@
 """Load benchmark: N concurrent clients against `dflash-mlx serve` and `mlx_lm.server`.
 
-    python examples/serve_load.py                       # default pair, 1/4/8 clients
+    python examples/serve_load.py                       # default pair, 1/4/8/16 clients
     python examples/serve_load.py --model M --draft D --clients 1,4,8 --requests 4
 
 Each server is started in turn on the same target (a GGUF target is exported once to an
@@ -28,7 +28,7 @@ def parse_args():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", help="target (default: the built-in one)")
     p.add_argument("--draft", help="DFlash drafter (default: the target's)")
-    p.add_argument("--clients", default="1,4,8", help="comma list of client counts")
+    p.add_argument("--clients", default="1,4,8,16", help="comma list of client counts")
     p.add_argument("--requests", type=int, default=4, help="requests per client")
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--dataset", default="gsm8k")

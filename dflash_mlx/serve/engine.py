@@ -30,6 +30,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("dflash_mlx.serve")
 
+PREFILL_STEP = 2048  # prompt tokens a forward when nothing else is decoding
 LADDER = 8  # at most this many snapshots inside one long prompt (recurrent targets)
 LADDER_STEP = 1024  # ... at least this many tokens apart
 
@@ -104,7 +105,9 @@ class ServeEngine:
         start, cache = time.perf_counter(), seq.cache
         assert cache is not None
         done = len(cache.tokens)
-        end = done + min(len(seq.todo), self.prefill_chunk)
+        # small chunks only while others decode: alone, a prompt goes in at full speed
+        chunk = self.prefill_chunk if len(self.decoding) else PREFILL_STEP
+        end = done + min(len(seq.todo), chunk)
         end = next((p for p in seq.points if done < p <= end), end)
         ids, seq.todo = seq.todo[: end - done], seq.todo[end - done :]
         logits = prefill(self.target, self.draft, cache, ids, len(ids))
