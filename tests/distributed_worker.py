@@ -22,6 +22,7 @@ from dflash_mlx import (  # noqa: E402
     load_draft,
     stream_generate,
 )
+from dflash_mlx.engine.loop import as_target  # noqa: E402
 
 
 def barrier():
@@ -80,7 +81,10 @@ def run_case(case: dict) -> dict:
         )
         out[f"greedy/{name}/{b}"] = _tokens(responses)
         out[f"accepted/{name}/{b}"] = max(r.accepted or 0 for r in responses)
-    out.update(_lookup_runs(model, draft, tok, prompt * 3, n))
+    # every id occurs in this prompt, so every history's last id has a continuation
+    # to copy: lookup proposes on every block, whatever the tiny target generates
+    every_id = list(range(as_target(model, draft).vocab_size))
+    out.update(_lookup_runs(model, draft, tok, prompt * 3 + every_id, n))
     for seed in (None, 3):
         responses = stream_generate(
             model, draft, tok, prompt, max_tokens=n, block_size="auto",

@@ -106,9 +106,10 @@ def test_greedy_on_two_ranks_equals_plain_decoding(runs, name):
     "name", [f"{f}-tensor" for f in TENSOR] + [f"{f}-pipeline" for f in PIPELINE]
 )
 def test_lookup_on_two_ranks_proposes_alike_and_stays_lossless(runs, name):
-    """Prompt lookup on a repeating prompt: every rank verifies the same copies (same
-    sources, sizes and accepted counts, block by block), greedy output is plain
-    decoding's, and seeded sampling gives the same tokens with and without lookup."""
+    """Prompt lookup on a prompt holding every id: every rank verifies the same
+    copies (same sources, sizes and accepted counts, block by block), greedy output
+    is plain decoding's, and seeded sampling gives the same tokens with and without
+    lookup."""
     _, rank0, rank1 = runs[name]
     for b in (8, "auto"):
         assert rank0[f"lookup/greedy/{b}"] == rank0["lookup/plain"], b

@@ -395,7 +395,8 @@ def test_a_half_precision_drafter_keeps_its_projections_half(tiny_pair):
     read them as stored), its norms and activations float32: it drafts what its
     float32 copy drafts."""
     from dflash_mlx import load_draft
-    from dflash_mlx.engine.loop import _draft, as_target
+    from dflash_mlx.engine.loop import as_target
+    from dflash_mlx.engine.step import draft_block
     from dflash_mlx.models.cache import PromptCache
     from dflash_mlx.models.draft_head import DraftHead
     from dflash_mlx.sampling import SamplingParams
@@ -422,7 +423,7 @@ def test_a_half_precision_drafter_keeps_its_projections_half(tiny_pair):
         hidden, features = target(mx.array([[5, 17, 99, 3, 42]]), cache.target)
         drafter.absorb(features, cache.draft)
         head = DraftHead.for_drafter(target, drafter)
-        outs.append(_draft(target, drafter, head, cache, block, params, None))
+        outs.append(draft_block(target, drafter, head, cache, block, params, None))
     assert mx.array_equal(outs[0][0], outs[1][0])  # proposals
     assert mx.allclose(outs[0][2], outs[1][2], atol=1e-5)  # confidences
 

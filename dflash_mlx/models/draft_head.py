@@ -28,28 +28,32 @@ import numpy as np
 class DraftHead:
     """Head logits for drafted positions, and the way back to target token ids."""
 
-    def __init__(self, target, vocab: mx.array | None = None, raw: bool = False):
+    def __init__(
+        self, target, vocab: mx.array | None = None, raw: bool = False, kernels=None
+    ):
         self.target = target
+        # the target's, or (training) MLX's own: the native products have no gradient
+        self.kernels = kernels or target.kernels
         self.vocab = vocab
         self.vocab_size = target.vocab_size
         self.rows = None if vocab is None else _as_linear(head_rows(target, vocab))
         self.raw = raw  # leave out the target's multiplier and soft-cap
 
     @classmethod
-    def for_drafter(cls, target, draft) -> "DraftHead":
+    def for_drafter(cls, target, draft, kernels=None) -> "DraftHead":
         """The head for `draft`: a drafter that sets its own output multiplier or
         soft-cap gets the bare head (it applies its own), others the target's."""
         args = draft.args
         raw = args.output_multiplier != 1.0 or bool(args.final_logit_softcapping)
-        return cls(target, getattr(draft, "draft_vocab", None), raw)
+        return cls(target, getattr(draft, "draft_vocab", None), raw, kernels)
 
     def __call__(self, hidden: mx.array) -> mx.array:
         """Logits over the draft vocabulary (the whole target vocabulary without
         one)."""
         if self.rows is None:
-            logits = self.target.head(hidden)
+            logits = self.target.head(hidden, self.kernels)
         else:
-            logits = self.target.kernels.linear(self.rows, hidden)
+            logits = self.kernels.linear(self.rows, hidden)
         return logits if self.raw else self.target.softcapped(logits)
 
     @cached_property

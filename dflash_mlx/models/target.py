@@ -236,12 +236,14 @@ class Target:
         """The target's LM head on final-normed hidden states."""
         return self.softcapped(self.head(hidden))
 
-    def head(self, hidden: mx.array) -> mx.array:
-        """The LM head's own output, before the family's multiplier and soft-cap."""
+    def head(self, hidden: mx.array, kernels: Kernels | None = None) -> mx.array:
+        """The LM head's own output, before the family's multiplier and soft-cap
+        (on `kernels`, default the target's)."""
+        linear = (kernels or self.kernels).linear
         head = getattr(self.lm, "lm_head", None)
         if head is None:
-            return self.kernels.linear(self.embed_tokens, hidden)
-        logits = self.kernels.linear(head, hidden)
+            return linear(self.embed_tokens, hidden)
+        logits = linear(head, hidden)
         group = getattr(self.lm, "sharding_group", None)
         if group is not None:  # a sharded head holds a slice of the vocabulary
             from mlx_lm.models.base import gather_last_axis

@@ -20,6 +20,7 @@ import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
+from ..kernels import MLX
 from ..loading import read_safetensors
 from ..models.acceptance import Acceptance
 from ..models.draft_head import DraftHead
@@ -174,7 +175,7 @@ class Trainer:
         draft.train()
         self.optimizer.init(draft.trainable_parameters())
         self._grad = nn.value_and_grad(draft, self._loss)
-        self.head = DraftHead.for_drafter(target, draft)
+        self.head = DraftHead.for_drafter(target, draft, MLX)  # gradients flow
 
     @property
     def step(self) -> int:
@@ -349,7 +350,6 @@ class Trainer:
             [tuple(v) for v in state.get("val", [])], state.get("train_seconds", 0.0)
         )
         mx.eval(self.draft.parameters(), self.optimizer.state)
-        self.head = DraftHead.for_drafter(
-            self.target, self.draft
-        )  # the loaded vocabulary
+        # the loaded vocabulary; MLX's kernels: gradients flow through the head
+        self.head = DraftHead.for_drafter(self.target, self.draft, MLX)
         return self.step

@@ -12,6 +12,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
+from ..kernels import MLX
 from ..models.draft import Model as DraftModel
 from ..models.draft_head import DraftHead
 from .blocks import Blocks, PackedMask, packed_mask
@@ -118,7 +119,7 @@ def block_logits(
     head: DraftHead | None = None,
 ) -> mx.array:
     """Draft logits (n, B−1, draft vocab) for block positions 1..B−1."""
-    head = head or DraftHead.for_drafter(target, draft)
+    head = head or DraftHead.for_drafter(target, draft, MLX)
     emb = embed_blocks(target, draft, blocks.inputs)
     h = packed_hidden(draft, features, emb, blocks.anchors, masks)
     return draft.finalize_logits(head(h[:, 1:]))
@@ -139,7 +140,7 @@ def block_loss(
     enter as constants of the graph. With a draft vocabulary, labels outside it carry no
     loss (the drafter can never propose them).
     """
-    head = head or DraftHead.for_drafter(target, draft)
+    head = head or DraftHead.for_drafter(target, draft, MLX)
     logits = block_logits(target, draft, features, blocks, masks, head).astype(
         mx.float32
     )
