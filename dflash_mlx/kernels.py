@@ -95,6 +95,9 @@ class Kernels:
     blocks: Callable[[str, list, "Kernels"], list | None] | None = None
     # (GatedDeltaNet mixer) -> its forward for many tokens (cpu/delta.py)
     delta_forward: Callable[[nn.Module], Callable] | None = None
+    # the drafter's shape-stable pieces (its layers around attention) and the
+    # acceptance rule run through mx.compile: fewer ops and Python calls per block
+    compiled: bool = False
 
     def gated(self, gate: nn.Module, up: nn.Module, x: mx.array) -> mx.array:
         """silu(gate(x)) * up(x): a SwiGLU MLP's first half."""
@@ -115,6 +118,7 @@ MLX = Kernels(
     softmax=lambda x: mx.softmax(x.astype(mx.float32), axis=-1),
     attention=_mlx_attention,
     cpu_blocks=False,
+    compiled=True,
 )
 
 

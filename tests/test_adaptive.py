@@ -152,11 +152,23 @@ def test_cut_keeps_everything_where_verifying_is_flat():
     assert p.cut([0.05] * 7) == 7
 
 
-class CuttingPolicy:
-    """Drafts `size` tokens and verifies a different prefix length every block."""
+def test_the_cut_and_its_sync_only_where_verifying_costs_grow():
+    assert not AdaptiveBlockSize(8).cut_may_drop(8)  # nothing measured: cut keeps all
+    assert not measured({1: 0.030, 8: 0.031}).cut_may_drop(8)  # flat: v grows 1 ms
+    assert measured({1: 0.062, 2: 0.080, 8: 0.096}).cut_may_drop(8)  # a CPU
+    assert not measured({1: 0.062, 2: 0.080, 8: 0.096}).cut_may_drop(1)
 
-    def __init__(self, size):
-        self.size, self.calls = size, 0
+
+class CuttingPolicy:
+    """Drafts `size` tokens and verifies a different prefix length every block
+    (where `may_drop` lets it)."""
+
+    def __init__(self, size, may_drop=True):
+        self.size, self.calls, self.may_drop = size, 0, may_drop
+        self.verified: list[int] = []
+
+    def cut_may_drop(self, size):
+        return self.may_drop
 
     def next(self, limit=None):
         return self.size if limit is None else max(1, min(self.size, limit))
@@ -167,6 +179,7 @@ class CuttingPolicy:
 
     def observe(self, size, n_accepted, seconds, **measured):
         assert measured["verified"] <= size
+        self.verified.append(measured["verified"])
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5", "gemma4_text", "gpt_oss"])
@@ -181,6 +194,19 @@ def test_cut_blocks_are_lossless(tiny_pair, family):
     assert {r.block_size for r in responses[1:]} - {1} and 1 in {
         r.block_size for r in responses
     }
+
+
+def test_no_cut_is_asked_where_the_policy_says_it_cannot_pay(tiny_pair):
+    """Where verifying costs no more for more tokens, the block is verified whole,
+    with one sync: the cut (a second sync) is never asked."""
+    model, tok, _, prompt, ref, good = oracle_case(
+        tiny_pair, "qwen3", lambda k, i: i % 7 == 0
+    )
+    policy = CuttingPolicy(8, may_drop=False)
+    out, _ = spec(model, good, tok, prompt, max_tokens=40, block_size=policy)
+    assert out == ref
+    assert policy.calls == 0
+    assert set(policy.verified[:-1]) == {8}  # the last block is capped by max_tokens
 
 
 def test_a_pause_counts_as_a_slower_block_not_as_a_new_cost():

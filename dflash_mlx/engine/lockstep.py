@@ -18,6 +18,8 @@ class Lockstep:
         self.policy, self.group = policy, group
         if hasattr(policy, "cut"):
             self.cut = self._cut
+        if hasattr(policy, "cut_may_drop"):
+            self.cut_may_drop = self._cut_may_drop
         if hasattr(policy, "plan"):
             self.plan = self._plan
 
@@ -26,6 +28,9 @@ class Lockstep:
 
     def _cut(self, confidence: list) -> int:
         return self.group.broadcast([self.policy.cut(confidence)])[0]
+
+    def _cut_may_drop(self, size: int) -> bool:
+        return bool(self.group.broadcast([int(self.policy.cut_may_drop(size))])[0])
 
     def _plan(self, limit: int, copied: int, match: int = 0, drafter: bool = True):
         # every rank holds the same history, so the same copy: all ask together

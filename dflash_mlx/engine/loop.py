@@ -10,7 +10,8 @@ Words in the engine, one meaning each:
 - `drafted`: the block size the policy chose: `last` plus drafted - 1 masked slots the
   drafter fills with proposals (`drafts`).
 - `keep_drafts`: the policy's optional choice (its `cut` method) of how many drafts to
-  verify, from the drafter's confidences; it costs a second sync per block.
+  verify, from the drafter's confidences; it costs a second sync per block, so it is
+  asked only where the policy's `cut_may_drop` says verifying fewer can pay.
 - `verified`: tokens the target verifies, `last` and the drafts kept (1 + kept).
 - `accepted`: drafts the target accepted; it commits them plus one token of its own.
 - `stop_at`: how many committed tokens to keep, up to and with the first stop token.
@@ -211,6 +212,8 @@ class _Run:
         self.mask_id = draft.args.mask_token_id if draft is not None else 0
         self.head = DraftHead.for_drafter(target, draft) if draft is not None else None
         self.keep_drafts = getattr(policy, "cut", None) if draft is not None else None
+        # whether a cut is worth its sync at a size (a policy without it: always)
+        self.may_cut = getattr(policy, "cut_may_drop", lambda size: True)
         # features of committed tokens the drafter has not absorbed yet (see `absorb`)
         self.unabsorbed: list[mx.array] = []
         self.lookup: LookupIndex | None = None  # the history's index, when copying

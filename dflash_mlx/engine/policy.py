@@ -60,6 +60,9 @@ MAX_LOOKUP = 15  # copied ids per block: 16 verified tokens, one native product
 # A block time counts at most this many times the current estimate: a pause of the
 # process (a page fault, another program) is not what a block size costs.
 TIME_OUTLIER = 1.5
+# A cut saves at most v's growth over the block: where that is under this share of
+# the block's time (v flat, as on a GPU), it cannot pay for its sync and is skipped.
+FLAT_VERIFY = 0.1
 
 
 class AdaptiveBlockSize:
@@ -331,6 +334,17 @@ class AdaptiveBlockSize:
         upper = [(t, v) for t, v in known if t >= tokens] or known[-1:]
         (t0, v0), (t1, v1) = lower[-1], upper[0]
         return v0 if t1 == t0 else v0 + (v1 - v0) * (tokens - t0) / (t1 - t0)
+
+    def cut_may_drop(self, size: int) -> bool:
+        """Whether `cut` is worth its sync at `size`: only where v(T) is measured and
+        grows over the block by more than `FLAT_VERIFY` of its time. Elsewhere every
+        draft is verified without asking (where v is unmeasured, `cut` keeps all)."""
+        measured = [self.verify_cost(t) for t in range(1, size + 1)]
+        costs = [c for c in measured if c is not None]
+        if size < 2 or self.tokens_rate is None or len(costs) < size:
+            return False
+        block = self.seconds.get(size, max(costs))  # untimed: v itself
+        return max(costs) - min(costs) > FLAT_VERIFY * block
 
     def cut(self, confidence: list) -> int:
         """How many of the drafts (with the drafter's probabilities `confidence`) to

@@ -14,7 +14,13 @@ from ..models.draft_head import DraftHead
 from ..models.target import Target
 from ..sampling import SamplingParams, perturbed, token_logprobs
 from .sources import DRAFT, LOOKUP, SPLICE, Plan
-from .verify import accept_greedy, accept_lookup, accept_sampled, one_hot
+from .verify import (
+    accept_greedy,
+    accept_lookup,
+    accept_sampled,
+    greedy_result,
+    one_hot,
+)
 
 # One committed token's log-probability under the target, and its top (id, logprob)s.
 TokenLogprobs = tuple[float, list[tuple[int, float]]]
@@ -81,12 +87,14 @@ class Step:
     """One planned block in flight (lazy until `resolve`).
 
     `run` holds the generation's fixed parts (target, draft, head, cache, params,
-    mask_id, keep_drafts, seeded, top). A drafter block may be cut (`keep_drafts`, the
-    adaptive policy's `cut`): its drafts are evaluated first and only the prefix chosen
-    from the drafter's confidences is verified, a second sync per block paid back where
-    verifying fewer tokens is cheaper (CPUs). A lookup block verifies its copy with no
-    drafter forward; a splice verifies the copy then the drafter's drafts after it,
-    uncut. None of these choices looks at a drawn token, so output stays exact.
+    mask_id, keep_drafts, may_cut, seeded, top). A drafter block may be cut
+    (`keep_drafts`, the adaptive policy's `cut`): its drafts are evaluated first and
+    only the prefix chosen from the drafter's confidences is verified, a second sync
+    per block paid back where verifying fewer tokens is cheaper (CPUs); where the
+    verify cost is flat (`may_cut` says no) every draft is verified, one sync. A lookup
+    block verifies its copy with no drafter forward; a splice verifies the copy then
+    the drafter's drafts after it, uncut. None of these choices looks at a drawn
+    token, so output stays exact.
     """
 
     def __init__(self, run, last: int, plan: Plan, copy: list[int]):
@@ -107,9 +115,16 @@ class Step:
         self.verified = verify_ids.shape[1]
         hidden, self.features = target(verify_ids, cache.target, self.tape)
         logits = target.logits(hidden)[0]
-        copied = plan.source == LOOKUP
-        accepted, emitted = accept(params, drafts, draft_probs, logits, noise, copied)
-        self.result = mx.concatenate([accepted[None].astype(emitted.dtype), emitted])
+        if drafts is not None and params.greedy:
+            self.result = greedy_result(drafts, logits)
+            emitted = self.result[1:]
+        else:
+            copied = plan.source == LOOKUP
+            accepted, emitted = accept(
+                params, drafts, draft_probs, logits, noise, copied
+            )
+            count = accepted[None].astype(emitted.dtype)
+            self.result = mx.concatenate([count, emitted])
         self.logprobs = None
         if run.top > 0:
             self.logprobs = token_logprobs(logits, emitted, run.top)
@@ -144,7 +159,7 @@ def _proposals(run, last: int, plan: Plan, copy: list[int], noise):
             q = mx.concatenate([one_hot(head, q.shape[-1]), q[plan.copied :]])
         return drafts, q
     assert plan.source == DRAFT
-    if run.keep_drafts is not None:
+    if run.keep_drafts is not None and run.may_cut(plan.size):
         mx.eval(drafts, confidence, q)
         kept = run.keep_drafts(confidence.tolist())
         drafts = drafts[:kept]

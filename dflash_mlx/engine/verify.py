@@ -29,6 +29,16 @@ def accept_greedy(drafts: mx.array, target_logits: mx.array):
     return n_accepted, _emit(drafts, n_accepted, choice[n_accepted])
 
 
+def _greedy_result(drafts: mx.array, target_logits: mx.array) -> mx.array:
+    n_accepted, emitted = accept_greedy(drafts, target_logits)
+    return mx.concatenate([n_accepted[None].astype(emitted.dtype), emitted])
+
+
+# `accept_greedy` as [n_accepted, emitted...] in one array, compiled: one trace per
+# block size, then a few fused ops instead of ~20 (integer ops and an argmax: exact)
+greedy_result = mx.compile(_greedy_result)
+
+
 def accept_sampled(
     drafts: mx.array,
     draft_probs: mx.array,

@@ -192,19 +192,29 @@ class Attention(nn.Module):
     def absorb(self, ctx: mx.array, cache: KVCache):
         """Append the context's keys/values (at their absolute positions) to the
         cache."""
-        cache.update_and_fetch(*self._keys_values(ctx, _position(cache)))
+        keys_values = _compiled(self, "_keys_values", self)
+        cache.update_and_fetch(*keys_values(ctx, _offset(self, cache)))
         if isinstance(cache, WindowedKVCache):
             cache.evict()
 
-    def __call__(self, x, mask, cache: KVCache):
+    def project(self, x, offset):
+        """Rotated queries, keys and values (B, H, L, D) of x at positions offset.."""
         B, L, _ = x.shape
-        offset = _position(cache)
         kernels = _inference(self)
         q = kernels.linear(self.q_proj, x).reshape(B, L, self.n_heads, -1)
         q = self._rotate(kernels.norm(self.q_norm, q), offset)
-        keys, values = cache.update_and_fetch(*self._keys_values(x, offset))
-        out = kernels.attention(q, keys, values, self.scale, mask)
-        return kernels.linear(self.o_proj, out.transpose(0, 2, 1, 3).reshape(B, L, -1))
+        return (q, *self._keys_values(x, offset))
+
+    def attend(self, q, k, v, mask, cache) -> mx.array:
+        """Attention of the block's queries over the cache and the block (B, L, H*D),
+        before the output projection."""
+        keys, values = cache.update_and_fetch(k, v)
+        out = _inference(self).attention(q, keys, values, self.scale, mask)
+        return out.transpose(0, 2, 1, 3).reshape(q.shape[0], q.shape[2], -1)
+
+    def __call__(self, x, mask, cache: KVCache):
+        q, k, v = _compiled(self, "project", self)(x, _offset(self, cache))
+        return _inference(self).linear(self.o_proj, self.attend(q, k, v, mask, cache))
 
 
 class DecoderLayer(nn.Module):
@@ -221,14 +231,49 @@ class DecoderLayer(nn.Module):
     kernels: Kernels = MLX
 
     def __call__(self, x, mask, cache):
+        attn = self.self_attn
+        q, k, v = _compiled(self, "_project", self)(x, _offset(self, cache))
+        return _compiled(self, "_finish", self)(x, attn.attend(q, k, v, mask, cache))
+
+    def _project(self, x, offset):
         norm = _inference(self).norm
-        h = x + self.self_attn(norm(self.input_layernorm, x), mask, cache)
-        return h + self.mlp(norm(self.post_attention_layernorm, h))
+        return self.self_attn.project(norm(self.input_layernorm, x), offset)
+
+    def _finish(self, x, attended):
+        kernels = _inference(self)
+        h = x + kernels.linear(self.self_attn.o_proj, attended)
+        return h + self.mlp(kernels.norm(self.post_attention_layernorm, h))
 
 
 def _position(cache):
     """Where the next key goes: an int, or one per row for a batch's caches."""
     return getattr(cache, "positions", None) or cache.offset
+
+
+def _compiles(module: nn.Module) -> bool:
+    return not module.training and module.kernels.compiled
+
+
+def _offset(module: nn.Module, cache):
+    """The cache's position as `_compiled` pieces take it: an array (one trace for
+    every position), else as `_position` gives it."""
+    position = _position(cache)
+    return mx.array(position, mx.int32) if _compiles(module) else position
+
+
+def _compiled(module: nn.Module, name: str, params: nn.Module | list[nn.Module]):
+    """`module.<name>`, through `mx.compile` where its kernels compile (MLX's generic
+    ones, at inference): one trace per input shape, then one call runs the piece's
+    whole graph, with its elementwise ops fused. `params` are the piece's weights,
+    passed in on every call so that updated or quantized weights are used."""
+    fn = getattr(module, name)
+    if not _compiles(module):
+        return fn
+    compiled = module.__dict__.get("_compiled_" + name)
+    if compiled is None:
+        compiled = mx.compile(fn, inputs=params)
+        object.__setattr__(module, "_compiled_" + name, compiled)
+    return compiled
 
 
 def block_mask(block_len: int, context_len: int, window: int | None, causal: bool):
@@ -310,13 +355,19 @@ class Model(nn.Module):
     def absorb(self, features: mx.array, cache: list[KVCache], counts=None):
         """Feed fused target features of newly committed tokens into the context
         cache (a batch's caches: row b takes its first counts[b])."""
-        kernels = _inference(self)
-        ctx = kernels.linear(self.fc, features.astype(self.dtype))
-        ctx = kernels.norm(self.hidden_norm, ctx)
+        ctx = _compiled(self, "_context", [self.fc, self.hidden_norm])(features)
         for layer, c in zip(self.layers, cache, strict=True):
             layer.self_attn.absorb(ctx, c)
             if counts is not None:
                 c.commit(counts)
+
+    def _context(self, features: mx.array) -> mx.array:
+        kernels = _inference(self)
+        ctx = kernels.linear(self.fc, features.astype(self.dtype))
+        return kernels.norm(self.hidden_norm, ctx)
+
+    def _final_norm(self, h: mx.array) -> mx.array:
+        return _inference(self).norm(self.norm, h)
 
     def _mask(self, layer_type: str, block_len: int, cache):
         sliding = layer_type == "sliding_attention"
@@ -339,7 +390,7 @@ class Model(nn.Module):
             h = layer(h, masks[key], c)
         for c in cache:
             c.trim(L)
-        return _inference(self).norm(self.norm, h)
+        return _compiled(self, "_final_norm", self.norm)(h)
 
     def propose(self, hidden, logits, anchor, params, noise=None):
         """Block tokens from drafted-position logits (L, V): (tokens, q or None when
