@@ -43,11 +43,13 @@ from .sources import (
     LOOKUP,
     LOOKUP_PRIOR_FLOOR,
     Costs,
+    FixedBlockSize,
     LookupStats,
     choose,
-    fixed_plan,
 )
 from .sources import verify_estimate as _verify_estimate
+
+__all__ = ["AdaptiveBlockSize", "FixedBlockSize"]
 
 PRIOR_BLOCKS = 16.0  # the shipped acceptance counts as this many observed blocks
 EXPLORE_BLOCKS = 2  # an exploration runs this many blocks: one block says little
@@ -385,22 +387,3 @@ def _pseudo_counts(prior, max_size: int, weight: float):
             accepted[k] = prior.accepted[k] * scale
             offered[k] = prior.offered[k] * scale
     return accepted, offered
-
-
-class FixedBlockSize:
-    """Always the same block size (capped by the tokens still allowed)."""
-
-    def __init__(self, size: int):
-        if size < 1:
-            raise ValueError(f"block_size must be >= 1, got {size}.")
-        self.size = size
-
-    def next(self, limit: int | None = None) -> int:
-        return self.size if limit is None else max(1, min(self.size, limit))
-
-    def plan(self, limit: int, copied: int, match: int = 0, drafter: bool = True):
-        """With prompt lookup: the copy fills the block when it can, else a splice."""
-        return fixed_plan(self.next(limit), copied, drafter)
-
-    def observe(self, size: int, n_accepted: int, seconds: float, **measured):
-        pass

@@ -68,6 +68,25 @@ def fixed_plan(size: int, copied: int, drafter: bool) -> Plan:
     return Plan(SPLICE, size, k)
 
 
+class FixedBlockSize:
+    """Always the same block size (capped by the tokens still allowed)."""
+
+    def __init__(self, size: int):
+        if size < 1:
+            raise ValueError(f"block_size must be >= 1, got {size}.")
+        self.size = size
+
+    def next(self, limit: int | None = None) -> int:
+        return self.size if limit is None else max(1, min(self.size, limit))
+
+    def plan(self, limit: int, copied: int, match: int = 0, drafter: bool = True):
+        """With prompt lookup: the copy fills the block when it can, else a splice."""
+        return fixed_plan(self.next(limit), copied, drafter)
+
+    def observe(self, size: int, n_accepted: int, seconds: float, **measured):
+        pass
+
+
 class LookupStats:
     """The acceptance of copies, aged as the drafter's is: per position over all copies
     (`accepted[k]` counts copies whose id k+1 was accepted, `offered[k]` those that
