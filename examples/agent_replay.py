@@ -136,7 +136,11 @@ def main():
         from random_pair import make_pair
 
         folder = Path(tempfile.mkdtemp(prefix="agent-replay-"))
-        target, draft = map(str, make_pair(folder, "qwen3_5", hidden=256, layers=8))
+        # its byte tokenizer makes the history ~3x as many tokens as a real one's
+        pair = make_pair(
+            folder, "qwen3_5", hidden=256, layers=8, max_position_embeddings=32768
+        )
+        target, draft = map(str, pair)
     if target is None:
         from dflash_mlx.loading.defaults import default_draft, default_target
 
