@@ -49,6 +49,7 @@ from .sources import (
 )
 from .sources import verify_estimate as _verify_estimate
 
+# the block-size policies (FixedBlockSize lives beside fixed_plan in sources.py)
 __all__ = ["AdaptiveBlockSize", "FixedBlockSize"]
 
 PRIOR_BLOCKS = 16.0  # the shipped acceptance counts as this many observed blocks

@@ -19,7 +19,13 @@ from .draft_config import (
     ModelArgs,
     default_target_layer_ids,
 )
-from .draft_layers import MLP, Attention, DecoderLayer, _compiled, _inference
+from .draft_layers import (
+    MLP,
+    Attention,
+    DecoderLayer,
+    compiled_piece,
+    inference_kernels,
+)
 
 __all__ = [
     "ARCHITECTURES",
@@ -110,19 +116,19 @@ class Model(nn.Module):
     def absorb(self, features: mx.array, cache: list[KVCache], counts=None):
         """Feed fused target features of newly committed tokens into the context
         cache (a batch's caches: row b takes its first counts[b])."""
-        ctx = _compiled(self, "_context", [self.fc, self.hidden_norm])(features)
+        ctx = compiled_piece(self, "_context", [self.fc, self.hidden_norm])(features)
         for layer, c in zip(self.layers, cache, strict=True):
             layer.self_attn.absorb(ctx, c)
             if counts is not None:
                 c.commit(counts)
 
     def _context(self, features: mx.array) -> mx.array:
-        kernels = _inference(self)
+        kernels = inference_kernels(self)
         ctx = kernels.linear(self.fc, features.astype(self.dtype))
         return kernels.norm(self.hidden_norm, ctx)
 
     def _final_norm(self, h: mx.array) -> mx.array:
-        return _inference(self).norm(self.norm, h)
+        return inference_kernels(self).norm(self.norm, h)
 
     def _mask(self, layer_type: str, block_len: int, cache):
         sliding = layer_type == "sliding_attention"
@@ -145,7 +151,7 @@ class Model(nn.Module):
             h = layer(h, masks[key], c)
         for c in cache:
             c.trim(L)
-        return _compiled(self, "_final_norm", self.norm)(h)
+        return compiled_piece(self, "_final_norm", self.norm)(h)
 
     def propose(self, hidden, logits, anchor, params, noise=None):
         """Block tokens from drafted-position logits (L, V): (tokens, q or None when

@@ -11,7 +11,7 @@ from .cache import WindowedKVCache
 from .draft_config import ModelArgs
 
 
-def _inference(module: nn.Module) -> Kernels:
+def inference_kernels(module: nn.Module) -> Kernels:
     """The module's kernels; MLX's own while training (fused kernels have no
     gradients)."""
     return MLX if module.training else module.kernels
@@ -27,7 +27,7 @@ class MLP(nn.Module):
         self.down_proj = nn.Linear(hidden_dim, dim, bias=False)
 
     def __call__(self, x):
-        kernels = _inference(self)
+        kernels = inference_kernels(self)
         return kernels.linear(
             self.down_proj, kernels.gated(self.gate_proj, self.up_proj, x)
         )
@@ -61,7 +61,7 @@ class Attention(nn.Module):
     def _rotate(self, x, offset):
         """(B, L, H, D) queries or keys at positions offset.. as (B, H, L, D) heads
         (`offset`: a tuple of one per row for a batch's caches)."""
-        kernels = _inference(self)
+        kernels = inference_kernels(self)
         if kernels.rope is not None and self.tables is not None:
             return kernels.rope(x, self.tables.get(offset, x.shape[1]))
         if isinstance(offset, tuple):
@@ -70,7 +70,7 @@ class Attention(nn.Module):
 
     def _keys_values(self, x, offset):
         B, L, _ = x.shape
-        kernels = _inference(self)
+        kernels = inference_kernels(self)
         k = kernels.linear(self.k_proj, x).reshape(B, L, self.n_kv_heads, -1)
         k = kernels.norm(self.k_norm, k)
         v = kernels.linear(self.v_proj, x).reshape(B, L, self.n_kv_heads, -1)
@@ -79,7 +79,7 @@ class Attention(nn.Module):
     def absorb(self, ctx: mx.array, cache: KVCache):
         """Append the context's keys/values (at their absolute positions) to the
         cache."""
-        keys_values = _compiled(self, "_keys_values", self)
+        keys_values = compiled_piece(self, "_keys_values", self)
         cache.update_and_fetch(*keys_values(ctx, _offset(self, cache)))
         if isinstance(cache, WindowedKVCache):
             cache.evict()
@@ -87,7 +87,7 @@ class Attention(nn.Module):
     def project(self, x, offset):
         """Rotated queries, keys and values (B, H, L, D) of x at positions offset.."""
         B, L, _ = x.shape
-        kernels = _inference(self)
+        kernels = inference_kernels(self)
         q = kernels.linear(self.q_proj, x).reshape(B, L, self.n_heads, -1)
         q = self._rotate(kernels.norm(self.q_norm, q), offset)
         return (q, *self._keys_values(x, offset))
@@ -96,12 +96,14 @@ class Attention(nn.Module):
         """Attention of the block's queries over the cache and the block (B, L, H*D),
         before the output projection."""
         keys, values = cache.update_and_fetch(k, v)
-        out = _inference(self).attention(q, keys, values, self.scale, mask)
+        out = inference_kernels(self).attention(q, keys, values, self.scale, mask)
         return out.transpose(0, 2, 1, 3).reshape(q.shape[0], q.shape[2], -1)
 
     def __call__(self, x, mask, cache: KVCache):
-        q, k, v = _compiled(self, "project", self)(x, _offset(self, cache))
-        return _inference(self).linear(self.o_proj, self.attend(q, k, v, mask, cache))
+        q, k, v = compiled_piece(self, "project", self)(x, _offset(self, cache))
+        return inference_kernels(self).linear(
+            self.o_proj, self.attend(q, k, v, mask, cache)
+        )
 
 
 class DecoderLayer(nn.Module):
@@ -119,15 +121,17 @@ class DecoderLayer(nn.Module):
 
     def __call__(self, x, mask, cache):
         attn = self.self_attn
-        q, k, v = _compiled(self, "_project", self)(x, _offset(self, cache))
-        return _compiled(self, "_finish", self)(x, attn.attend(q, k, v, mask, cache))
+        q, k, v = compiled_piece(self, "_project", self)(x, _offset(self, cache))
+        return compiled_piece(self, "_finish", self)(
+            x, attn.attend(q, k, v, mask, cache)
+        )
 
     def _project(self, x, offset):
-        norm = _inference(self).norm
+        norm = inference_kernels(self).norm
         return self.self_attn.project(norm(self.input_layernorm, x), offset)
 
     def _finish(self, x, attended):
-        kernels = _inference(self)
+        kernels = inference_kernels(self)
         h = x + kernels.linear(self.self_attn.o_proj, attended)
         return h + self.mlp(kernels.norm(self.post_attention_layernorm, h))
 
@@ -142,13 +146,13 @@ def _compiles(module: nn.Module) -> bool:
 
 
 def _offset(module: nn.Module, cache):
-    """The cache's position as `_compiled` pieces take it: an array (one trace for
+    """The cache's position as `compiled_piece` pieces take it: an array (one trace for
     every position), else as `_position` gives it."""
     position = _position(cache)
     return mx.array(position, mx.int32) if _compiles(module) else position
 
 
-def _compiled(module: nn.Module, name: str, params: nn.Module | list[nn.Module]):
+def compiled_piece(module: nn.Module, name: str, params: nn.Module | list[nn.Module]):
     """`module.<name>`, through `mx.compile` where its kernels compile (MLX's generic
     ones, at inference): one trace per input shape, then one call runs the piece's
     whole graph, with its elementwise ops fused. `params` are the piece's weights,
