@@ -208,6 +208,8 @@ def test_rms_norm_equals_mlx(module, shape):
         (8, 2, 5, 37, 32, True),
         (2, 1, 16, 20, 128, False),
         (2, 2, 3, 10, 48, True),  # 3 or 6 vectors a head: MLX's kernel takes these
+        (9, 3, 133, 400, 64, True),  # a prefill chunk over a history: many passes
+        (4, 2, 70, 70, 64, True),  # a fresh prompt: early rows see few keys
     ],
 )
 def test_block_attention_equals_mlx(module, heads, kv_heads, tokens, keys, dim, causal):
@@ -467,7 +469,9 @@ def test_the_wheel_carries_every_source_the_build_reads():
 
 
 @pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
-@pytest.mark.parametrize("tokens, keys, skip", [(2, 300, 45), (8, 263, 7), (4, 9, -2)])
+@pytest.mark.parametrize(
+    "tokens, keys, skip", [(2, 300, 45), (8, 263, 7), (4, 9, -2), (40, 300, 100)]
+)
 @pytest.mark.parametrize("causal", [False, True])
 def test_window_attention_equals_mlx_with_the_mask_array(
     module, tokens, keys, skip, causal

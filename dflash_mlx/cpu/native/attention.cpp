@@ -27,7 +27,11 @@ void attend_head(const float* const* q, float* const* out, const int* first,
   scores.resize((size_t)MAX_ROWS * keys);
   for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {
     const int n = std::min(MAX_ROWS, rows - r0);
-    for (int j = 0; j < keys; j++) {
+    // only the keys some row of this pass sees: a causal prefill chunk's early rows
+    // skip the keys of its later tokens
+    const int lo = *std::min_element(first + r0, first + r0 + n);
+    const int hi = *std::max_element(end + r0, end + r0 + n);
+    for (int j = lo; j < hi; j++) {
       vec kj[C];
       for (int c = 0; c < C; c++) kj[c] = load(k + j * ks + c * LANES);
       for (int r = 0; r < n; r++) {

@@ -39,7 +39,6 @@ bool attention_fits(int dim);
 mx::array block_attention(const mx::array& q, const mx::array& k,
                           const mx::array& v, float scale, bool causal,
                           int skip);
-// x / sqrt(mean(x^2) + eps) * weight over the last axis.
 // Causal attention of a batch of sequences of different lengths: row b sees its
 // first visible[b] keys, the last T of them its block's (a row alone would get
 // exactly the same numbers from block_attention).
@@ -47,6 +46,7 @@ mx::array ragged_attention(const mx::array& q, const mx::array& k,
                            const mx::array& v, float scale,
                            const std::vector<int>& visible);
 
+// x / sqrt(mean(x^2) + eps) * weight over the last axis.
 mx::array rms_norm(const mx::array& x, const mx::array& weight, float eps);
 // (B, L, H, D) x rotated by (L, 1, D) cos and sign-folded sin tables: (B, H, L, D).
 mx::array rope(const mx::array& x, const mx::array& cos, const mx::array& sin);
