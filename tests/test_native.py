@@ -265,6 +265,25 @@ def test_block_attention_reads_cache_views_and_each_row_alone(module):
 
 
 @pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
+def test_a_prefill_chunk_row_does_not_depend_on_its_chunk(module):
+    """The tiled kernel (chunks of 17 queries and more): a query gets the same bits
+    in any such chunk that holds it (a prompt restored from the prefix cache is
+    prefilled in other chunks than the same prompt from the start)."""
+    buffer = mx.random.normal((1, 2, 512, 64))
+    k, v = buffer[:, :, :301], (buffer * 2)[:, :, :301]
+    q = mx.random.normal((1, 6, 45, 64))
+    whole = module.block_attention(q, k, v, 0.125, True)
+    want = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask="causal")
+    assert mx.allclose(whole.transpose(0, 2, 1, 3), want, atol=1e-5, rtol=1e-4)
+    tail = module.block_attention(q[:, :, 20:], k, v, 0.125, True)  # 25 queries
+    assert mx.array_equal(tail, whole[:, 20:])
+    head = module.block_attention(
+        q[:, :, :20], k[:, :, :276], v[:, :, :276], 0.125, True
+    )
+    assert mx.array_equal(head, whole[:, :20])
+
+
+@pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
 def test_a_failed_build_is_remembered_and_explained(tmp_path, monkeypatch):
     """A compiler that fails: MLX's matmul, a reason naming the log, no rebuild."""
     fake = tmp_path / "bin" / "c++"

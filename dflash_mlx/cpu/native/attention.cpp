@@ -80,18 +80,105 @@ void attend_head(const float* const* q, float* const* out, const int* first,
   }
 }
 
+// attend_head for a prefill chunk's many rows: keys transposed into tiles of LANES
+// once a call, so that q.k is plain multiply-adds (a few rows a key tile, no lane
+// sums), and the weights.v products share each value row between rows. A row's
+// result depends on its own query and keys only: tiles and vectors start at
+// multiples of LANES of the key index, and keys a row does not see weigh exactly 0.
+template <int C>
+void attend_head_tiled(const float* const* q, float* const* out, const int* first,
+                       const int* end, int rows, const float* k, int64_t ks,
+                       const float* v, int64_t vs, float scale,
+                       std::vector<float>& scores) {
+  constexpr int D = C * LANES, MAX_ROWS = 32, RB = C <= 4 ? 4 : C == 8 ? 2 : 1;
+  thread_local std::vector<float> tiles, totals;
+  const int lo = *std::min_element(first, first + rows) / LANES * LANES;
+  const int hi = *std::max_element(end, end + rows);
+  tiles.resize((size_t)(hi - lo + LANES - 1) / LANES * D * LANES);
+  for (int j = lo; j < (hi - lo + LANES - 1) / LANES * LANES + lo; j++) {
+    float* tile = &tiles[(size_t)(j - lo) / LANES * D * LANES + (j - lo) % LANES];
+    const float* kj = k + j * ks;
+    for (int d = 0; d < D; d++) tile[d * LANES] = j < hi ? kj[d] : 0.0f;
+  }
+  ivec lane;
+  for (int i = 0; i < LANES; i++) lane[i] = i;
+  totals.resize(MAX_ROWS);
+  for (int r0 = 0; r0 < rows; r0 += MAX_ROWS) {
+    const int n = std::min(MAX_ROWS, rows - r0);
+    const int plo = *std::min_element(first + r0, first + r0 + n) / LANES * LANES;
+    const int phi = *std::max_element(end + r0, end + r0 + n);
+    const int width = (phi - plo + LANES - 1) / LANES * LANES;
+    scores.resize((size_t)n * width);
+    for (int j0 = plo; j0 < phi; j0 += LANES) {  // q.k, a key tile at a time
+      const float* tile = &tiles[(size_t)(j0 - lo) / LANES * D * LANES];
+      for (int rb = 0; rb < n; rb += RB) {
+        const float* qr[RB];
+        for (int i = 0; i < RB; i++) qr[i] = q[r0 + std::min(rb + i, n - 1)];
+        vec acc[RB] = {};
+        for (int d = 0; d < D; d++) {
+          const vec kd = load(tile + d * LANES);
+          for (int i = 0; i < RB; i++) acc[i] += kd * qr[i][d];
+        }
+        for (int i = 0; i < RB && rb + i < n; i++)
+          store(&scores[(size_t)(rb + i) * width + (j0 - plo)], acc[i] * scale);
+      }
+    }
+    for (int r = 0; r < n; r++) {  // exp(s - max) where seen, else exactly 0
+      float* s = &scores[(size_t)r * width];
+      const int from = first[r0 + r] - plo, to = end[r0 + r] - plo;
+      float best = -INFINITY;
+      for (int j = from; j < to; j++) best = std::max(best, s[j]);
+      vec sums{};
+      for (int j = 0; j < width; j += LANES) {
+        const ivec at = lane + j;
+        const vec e = vexp(load(s + j) - best);
+        const vec kept = (at >= from && at < to) ? e : vec{};
+        store(s + j, kept);
+        sums += kept;
+      }
+      totals[r] = lane_sum(sums);
+    }
+    for (int rb = 0; rb < n; rb += RB) {  // weights.v, RB rows a value row
+      const int m = std::min(RB, n - rb);
+      int from = width, to = 0;
+      for (int i = 0; i < m; i++) {
+        from = std::min(from, first[r0 + rb + i] - plo);
+        to = std::max(to, end[r0 + rb + i] - plo);
+      }
+      const float* w[RB];
+      for (int i = 0; i < RB; i++)
+        w[i] = &scores[(size_t)(rb + std::min(i, m - 1)) * width];
+      vec acc[RB][C] = {};
+      for (int j = from; j < to; j++) {
+        const float* vj = v + (int64_t)(plo + j) * vs;
+        vec vv[C];
+        for (int c = 0; c < C; c++) vv[c] = load(vj + c * LANES);
+        for (int i = 0; i < RB; i++)
+          for (int c = 0; c < C; c++) acc[i][c] += w[i][j] * vv[c];
+      }
+      for (int i = 0; i < m; i++)
+        for (int c = 0; c < C; c++)
+          store(out[r0 + rb + i] + c * LANES, acc[i][c] / totals[rb + i]);
+    }
+  }
+}
+
 using HeadFn = void (*)(const float* const*, float* const*, const int*,
                         const int*, int, const float*, int64_t, const float*,
                         int64_t, float, std::vector<float>&);
 
-HeadFn head_kernel(int dim) {
+// From this many query tokens (a prefill chunk) the tiled kernel: the Python side
+// routes products of more tokens to BLAS from the same count (ops.MAX_TOKENS).
+constexpr int TILED_FROM = 17;
+
+HeadFn head_kernel(int dim, bool tiled = false) {
   if (dim % LANES != 0) return nullptr;
   switch (dim / LANES) {
-    case 1: return attend_head<1>;
-    case 2: return attend_head<2>;
-    case 4: return attend_head<4>;
-    case 8: return attend_head<8>;
-    case 16: return attend_head<16>;
+    case 1: return tiled ? attend_head_tiled<1> : attend_head<1>;
+    case 2: return tiled ? attend_head_tiled<2> : attend_head<2>;
+    case 4: return tiled ? attend_head_tiled<4> : attend_head<4>;
+    case 8: return tiled ? attend_head_tiled<8> : attend_head<8>;
+    case 16: return tiled ? attend_head_tiled<16> : attend_head<16>;
   }
   return nullptr;
 }
@@ -113,7 +200,7 @@ void attend_rows(const float* q, const float* k, const float* v, float* out,
   thread_local std::vector<const float*> queries;
   thread_local std::vector<float*> outputs;
   thread_local std::vector<int> firsts, ends;
-  const HeadFn kernel = head_kernel(s.dim);
+  const HeadFn kernel = head_kernel(s.dim, s.tokens >= TILED_FROM);
   const int groups = s.heads / s.kv_heads;
   const int per_head = groups * s.tokens;
   for (int r = r0; r < r1;) {
