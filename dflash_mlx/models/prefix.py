@@ -159,7 +159,7 @@ class PrefixStore:
         path, now = node.path(), time.monotonic()
         for n in path:
             n.used = now
-        self._rebuild(cache, path, length)
+        self._rebuild(cache, path, length, room=len(tokens) - length)
         cache.tokens = list(tokens[:length])
         self._count(length)
         return cache, length
@@ -194,12 +194,11 @@ class PrefixStore:
                 break
         return node, matched, inner
 
-    def _rebuild(self, cache: PromptCache, path: list[Node], length: int):
+    def _rebuild(self, cache: PromptCache, path: list[Node], length: int, room: int):
         for i, (c, kind) in enumerate(zip(layers(cache), self.kinds, strict=True)):
             if kind == KV:
-                keys = mx.concatenate([n.spans[i][0] for n in path], axis=2)
-                values = mx.concatenate([n.spans[i][1] for n in path], axis=2)
-                c.keys, c.values = keys[..., :length, :], values[..., :length, :]
+                c.keys = _laid_out([n.spans[i][0] for n in path], length, room)
+                c.values = _laid_out([n.spans[i][1] for n in path], length, room)
                 c.offset = length
             elif kind == STATE:
                 restore_state(c, (path[-1].snapshot or [])[i])
@@ -325,6 +324,24 @@ class PrefixStore:
         if matched == len(path) and inner == len(node.tokens) and not node.children:
             if node.parent is not None:
                 self._drop(node)
+
+
+def _laid_out(spans: list, length: int, room: int) -> mx.array:
+    """A KV layer's first `length` positions from its spans, in one buffer with space
+    for `room` more (rounded up to KVCache's step): the rest of the prompt is written
+    there instead of the cache copying the whole history to grow."""
+    parts, start = [], 0
+    for span in spans:
+        if start >= length:
+            break
+        parts.append(span[..., : length - start, :])
+        start += span.shape[2]
+    step = KVCache.step
+    free = -(-(length + room) // step) * step - length
+    if free:
+        b, h, _, d = parts[0].shape
+        parts.append(mx.zeros((b, h, free, d), parts[0].dtype))
+    return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=2)
 
 
 def restore_state(cache, state) -> None:
