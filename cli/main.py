@@ -59,13 +59,16 @@ app.command("serve")(serve)
 
 def main():
     """Console entry: on Linux, re-exec once with OpenBLAS preloaded (see
-    dflash_mlx/cpu/blas.py), then run."""
+    dflash_mlx/cpu/blas.py) and keep freed buffers in the heap (dflash_mlx/heap.py),
+    then run."""
     import sys
 
     if sys.platform.startswith("linux"):  # elsewhere it never re-executes
         from dflash_mlx.cpu.blas import ensure_fast_blas
+        from dflash_mlx.heap import keep_freed_memory
 
         ensure_fast_blas()
+        keep_freed_memory()
     app()
 
 

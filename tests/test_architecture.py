@@ -21,6 +21,7 @@ LAYERS = (
     (
         "dflash_mlx",
         "dflash_mlx.validate",
+        "dflash_mlx.heap",
         "dflash_mlx.files",
         "dflash_mlx.sampling",
         "dflash_mlx.kernels",

@@ -17,6 +17,7 @@ import time
 from dataclasses import dataclass
 
 log = logging.getLogger("dflash_mlx.serve")
+IDLE_TRIM_S = 5.0  # idle this long: freed memory goes back to the system
 
 
 @dataclass(frozen=True)
@@ -189,14 +190,17 @@ class Scheduler:
             mx.clear_streams()
 
     def _serve_jobs(self):
-        busy = False
+        busy, idle_since = False, None
         while not self._stop.is_set():
             self._admit_waiting()
             self._expire()
             self.active = len(self._tickets)
             if not self._tickets:
                 if busy:
+                    idle_since = time.monotonic()
+                elif idle_since and time.monotonic() - idle_since > IDLE_TRIM_S:
                     self._on_idle()
+                    idle_since = None
                 busy = False
                 if self.mirror is not None:
                     self.mirror.idle()
@@ -324,7 +328,12 @@ class Scheduler:
     def _on_idle(self):
         import mlx.core as mx
 
-        mx.clear_cache()  # give freed buffers back while nothing runs
+        from .. import heap
+
+        # give freed buffers back once nothing has run for a while (an agent's next
+        # request, seconds later, still finds them)
+        mx.clear_cache()
+        heap.give_back()
 
     def _fail_everything(self):
         failure = Failed(503, "The server is shutting down.", "server_shutting_down")
