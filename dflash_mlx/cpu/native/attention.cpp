@@ -94,8 +94,9 @@ void attend_head_tiled(const float* const* q, float* const* out, const int* firs
   thread_local std::vector<float> tiles, totals;
   const int lo = *std::min_element(first, first + rows) / LANES * LANES;
   const int hi = *std::max_element(end, end + rows);
-  tiles.resize((size_t)(hi - lo + LANES - 1) / LANES * D * LANES);
-  for (int j = lo; j < (hi - lo + LANES - 1) / LANES * LANES + lo; j++) {
+  const int padded = (hi - lo + LANES - 1) / LANES * LANES;  // keys in whole tiles
+  tiles.resize((size_t)padded * D);
+  for (int j = lo; j < lo + padded; j++) {
     float* tile = &tiles[(size_t)(j - lo) / LANES * D * LANES + (j - lo) % LANES];
     const float* kj = k + j * ks;
     for (int d = 0; d < D; d++) tile[d * LANES] = j < hi ? kj[d] : 0.0f;
