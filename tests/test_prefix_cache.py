@@ -14,6 +14,7 @@ from dflash_mlx.engine.prefill import prefill
 from dflash_mlx.generate import make_prompt_cache
 from dflash_mlx.models.prefix import PrefixStore, take_snapshot
 from dflash_mlx.models.prefix_disk import DiskSpill, FolderBusy, fingerprint
+from dflash_mlx.serve.engine import LADDER_STEP, snapshot_points
 
 N = 12
 
@@ -97,6 +98,33 @@ def test_a_new_conversation_with_a_known_system_part_reuses_it(pairs, family):
     assert tokens == _generate(
         target, draft, tok, second, make_prompt_cache(target, draft)
     )
+
+
+def test_a_restored_cache_has_room_for_the_prompt_and_the_first_blocks(pairs):
+    """The restored KV layers are laid out with space for the prompt's rest and a
+    KVCache step beyond: neither the prefill nor the first blocks copy the history
+    to grow."""
+    target, draft, tok = pairs("qwen3")
+    store = _store(target, draft)
+    turn1 = tok.encode("hello world, this is a test")
+    answer, _ = _served(store, target, draft, tok, turn1)
+    turn2 = turn1 + answer + tok.encode(" and then, at some length?")
+    cache, reused = store.restore(turn2)
+    assert reused > 0
+    for layer in cache.target:
+        assert layer.offset == reused
+        assert layer.keys.shape[2] >= len(turn2) + layer.step
+
+
+def test_the_snapshot_ladder_spares_a_follow_up_turn():
+    """A long cold prompt gets rungs every LADDER_STEP tokens; a follow-up turn that
+    crosses a rung just after its restored prefix is not split there."""
+    step = LADDER_STEP
+    assert snapshot_points(3 * step + 5, 0, ()) == [step, 2 * step, 3 * step]
+    assert snapshot_points(3 * step + 100, 3 * step - 20, ()) == []
+    assert snapshot_points(5 * step, 3 * step - 20, (3 * step,)) == [3 * step, 4 * step]
+    assert snapshot_points(5 * step, 3 * step - 20, ()) == [4 * step]
+    assert snapshot_points(2 * step, 0, (10, 2 * step)) == [10, step]
 
 
 def test_a_shared_prefix_is_stored_once(pairs):

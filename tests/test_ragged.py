@@ -89,6 +89,33 @@ def test_rows_go_in_and_out_unchanged():
     )
 
 
+def test_a_lone_row_moves_in_and_out_without_copying_its_history():
+    """A batch's only row takes the joining cache's storage as it is, and a leaving
+    row from position 0 is handed out as a view of it: no copy of the history on
+    either side. Writes after that leave the other's values alone."""
+    cache = KVCache()
+    keys = mx.random.normal((1, 2, 7, 4))
+    cache.update_and_fetch(keys, keys + 1)
+    ragged = RaggedKVCache(1)
+    ragged.put_row(0, cache)
+    assert ragged.keys is cache.keys and ragged.values is cache.values
+    assert ragged.lengths == [7] and ragged.bases == [0]
+    block = mx.random.normal((1, 2, 2, 4))
+    ragged.update_and_fetch(block, block)
+    ragged.commit([2])
+    back = ragged.take_row(0, share=True)
+    assert back.offset == 9 and back.keys.shape[2] >= 9  # with the storage's room
+    assert mx.array_equal(back.keys[..., :9, :], mx.concatenate([keys, block], 2))
+    back.update_and_fetch(block * 0, block * 0)  # the taken cache writes on...
+    ragged.update_and_fetch(block + 5, block + 5)  # ...and so does the batch
+    assert mx.array_equal(back.keys[..., 7:9, :], block)
+    assert mx.array_equal(back.keys[..., 9:11, :], block * 0)
+    assert mx.array_equal(ragged.keys[..., 9:11, :], block + 5)
+    assert mx.array_equal(cache.keys[..., :7, :], keys)  # the joined cache too
+    copied = ragged.take_row(0)
+    assert copied.keys.shape[2] == 9 and copied.keys is not ragged.keys
+
+
 def test_a_row_sees_only_its_own_keys():
     ragged = RaggedKVCache(2)
     ragged.commit([3, 1])

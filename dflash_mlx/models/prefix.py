@@ -328,8 +328,9 @@ class PrefixStore:
 
 def _laid_out(spans: list, length: int, room: int) -> mx.array:
     """A KV layer's first `length` positions from its spans, in one buffer with space
-    for `room` more (rounded up to KVCache's step): the rest of the prompt is written
-    there instead of the cache copying the whole history to grow."""
+    for `room` more and at least a KVCache step beyond (rounded up to the step): the
+    rest of the prompt and the answer's first blocks are written there instead of
+    the cache copying the whole history to grow."""
     parts, start = [], 0
     for span in spans:
         if start >= length:
@@ -337,7 +338,7 @@ def _laid_out(spans: list, length: int, room: int) -> mx.array:
         parts.append(span[..., : length - start, :])
         start += span.shape[2]
     step = KVCache.step
-    free = -(-(length + room) // step) * step - length
+    free = -(-(length + room + step) // step) * step - length
     if free:
         b, h, _, d = parts[0].shape
         parts.append(mx.zeros((b, h, free, d), parts[0].dtype))

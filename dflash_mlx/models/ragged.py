@@ -124,17 +124,28 @@ class RaggedKVCache:
         self.lengths[row] = size
         if keys is None:
             return
+        if self.keys is None and len(self.lengths) == 1 and type(cache) is KVCache:
+            # a batch's only row: its storage is the cache's own (with its room),
+            # not a copy of the whole history
+            self.keys, self.values = cache.keys, cache.values
+            return
         stored_keys, stored_values = self._reserve(size, keys, values)
         stored_keys[row : row + 1, :, :size] = keys
         stored_values[row : row + 1, :, :size] = values
 
-    def take_row(self, row: int) -> KVCache:
-        """Row `row` as a KVCache of its own (a copy)."""
+    def take_row(self, row: int, share: bool = False) -> KVCache:
+        """Row `row` as a KVCache of its own: a copy, or with `share` (and a row
+        from position 0) a view of the storage with its room (a row is contiguous;
+        the batch's next write copies the storage if the view is still held)."""
         cache = KVCache()
         n = self.lengths[row]
         if n and self.keys is not None and self.values is not None:
-            cache.keys = mx.contiguous(self.keys[row : row + 1, :, :n])
-            cache.values = mx.contiguous(self.values[row : row + 1, :, :n])
+            if share and self.bases[row] == 0:
+                cache.keys = self.keys[row : row + 1]
+                cache.values = self.values[row : row + 1]
+            else:
+                cache.keys = mx.contiguous(self.keys[row : row + 1, :, :n])
+                cache.values = mx.contiguous(self.values[row : row + 1, :, :n])
             cache.offset = self.bases[row] + n
         return cache
 
@@ -233,12 +244,13 @@ class BatchCaches:
                 _put_state_row(mine, row, solo, self.rows)
 
     def take(self, row: int, into) -> None:
-        """Copy `row` into a fresh PromptCache `into` (the sequence leaves)."""
+        """Give a fresh PromptCache `into` the caches of `row` (the sequence leaves);
+        its KV layers share the batch's storage."""
         pairs = list(zip(self.target, into.target, strict=True))
         pairs += list(zip(self.draft or [], into.draft or [], strict=True))
         for mine, solo in pairs:
             if isinstance(mine, RaggedKVCache):
-                _fill(solo, mine.take_row(row))
+                _fill(solo, mine.take_row(row, share=type(solo) is KVCache))
             elif isinstance(mine, ArraysCache):
                 solo.cache = [
                     None if a is None else mx.contiguous(a[row : row + 1])

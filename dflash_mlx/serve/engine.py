@@ -35,6 +35,17 @@ LADDER = 8  # at most this many snapshots inside one long prompt (recurrent targ
 LADDER_STEP = 1024  # ... at least this many tokens apart
 
 
+def snapshot_points(length: int, reused: int, boundaries) -> list[int]:
+    """Where a prompt of `length` tokens, `reused` of them restored, has its
+    recurrent states kept: the `boundaries`, and a ladder of rungs through a long
+    prefill. A rung within a step of the restored prefix would only split a
+    follow-up turn's short prefill in two (a forward and a sync more) to keep a
+    state a few tokens from the one it was restored from."""
+    step = max(LADDER_STEP, length // LADDER)
+    ladder = [p for p in range(step, length, step) if p - reused >= step]
+    return sorted({p for p in (*boundaries, *ladder) if reused < p < length})
+
+
 @dataclass(eq=False)
 class Sequence:
     """One request from admission to its end."""
@@ -87,17 +98,12 @@ class ServeEngine:
         cache, reused = self.store.restore(prompt, reuse)
         if reuse is not None and reused != reuse:
             raise RuntimeError(f"restored {reused} prompt tokens where rank 0 {reuse}")
-        points = self._snapshot_points(len(prompt), reused, job.boundaries)
+        points = []  # every layer a KV history: a prefix of any length rebuilds
+        if not self.store.cut_anywhere:
+            points = snapshot_points(len(prompt), reused, job.boundaries)
         seq = Sequence(key, job, cache, reused, prompt[reused:], points)
         self.sequences[key] = seq
         return seq
-
-    def _snapshot_points(self, length: int, reused: int, boundaries) -> list[int]:
-        if self.store.cut_anywhere:
-            return []  # every layer a KV history: a prefix of any length rebuilds
-        step = max(LADDER_STEP, length // LADDER)
-        ladder = range(step, length, step)
-        return sorted({p for p in (*boundaries, *ladder) if reused < p < length})
 
     def prefill(self, seq: Sequence) -> Block | None:
         """Prefill one chunk of `seq`; the Block of its first token once the whole
