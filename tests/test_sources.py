@@ -143,7 +143,7 @@ def test_verify_estimate_interpolates_and_extrapolates():
     known = {1: 0.02, 4: 0.03, 8: 0.05}
     assert verify_estimate(known, 4) == 0.03
     assert verify_estimate(known, 6) == pytest.approx(0.04)
-    assert verify_estimate(known, 16) == pytest.approx(0.09)  # never flat beyond
+    assert verify_estimate(known, 16) == pytest.approx(0.09)  # the last two's slope
     assert verify_estimate({2: 0.02}, 4) == pytest.approx(0.02 * 1.3)  # one size
     assert verify_estimate({}, 4) is None
 
@@ -162,3 +162,28 @@ def test_verify_estimate_interpolates_and_extrapolates():
 def test_a_fixed_size_fills_its_block_with_the_copy(size, copied, drafter, plan):
     assert fixed_plan(size, copied, drafter) == plan
     assert FixedBlockSize(size).plan(100, copied, 2, drafter) == plan
+
+
+# verify times a fresh policy measured on code edits (Intel Xeon, demo pair): its
+# first block, of 8, paid for compiling MLX's kernels and 8 was never verified again
+COMPILED_AT_8 = {1: 0.0480, 2: 0.0497, 3: 0.0559, 4: 0.0552, 8: 0.1967}
+
+
+def test_a_verify_time_far_above_the_others_line_is_left_out():
+    assert verify_estimate(COMPILED_AT_8, 8) < 0.07
+    assert verify_estimate(COMPILED_AT_8, 6) < 0.065
+    # a line that only grows keeps its points, however steep
+    steep = {1: 0.01, 2: 0.02, 4: 0.04, 8: 0.08}
+    assert verify_estimate(steep, 8) == 0.08 and verify_estimate(steep, 16) == 0.16
+
+
+def test_a_stale_verify_time_does_not_keep_copies_short():
+    policy = _policy(alpha=0.2, verify=COMPILED_AT_8)
+    policy._timed_here["verify"] |= set(COMPILED_AT_8)  # measured in this process
+    _copies(policy, match=4, copied=15, accepted=15, blocks=8)
+    plan = policy.plan(limit=100, copied=15, match=4)
+    assert plan.source == LOOKUP and plan.copied >= 7
+    # one verify of 8 at its real cost replaces the outlier (smoothing would keep it)
+    policy.observe(8, 7, 0.07, verified=8, verify_seconds=0.065, source=LOOKUP,
+                   match=4, copied=7)  # fmt: skip
+    assert policy.verify_seconds[8] == 0.065

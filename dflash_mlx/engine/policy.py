@@ -42,6 +42,7 @@ from .sources import (
     DRAFT,
     LOOKUP,
     LOOKUP_PRIOR_FLOOR,
+    TIME_OUTLIER,
     Costs,
     FixedBlockSize,
     LookupStats,
@@ -60,9 +61,6 @@ EXPLORE_BLOCKS = 2  # an exploration runs this many blocks: one block says littl
 MEMORY_BLOCKS = 128.0
 MAX_EXPLORE_GAP = 128  # blocks; the gap doubles after each losing exploration
 MAX_LOOKUP = 15  # copied ids per block: 16 verified tokens, one native product
-# A block time counts at most this many times the current estimate: a pause of the
-# process (a page fault, another program) is not what a block size costs.
-TIME_OUTLIER = 1.5
 # A cut saves at most v's growth over the block: where that is under this share of
 # the block's time (v flat, as on a GPU), it cannot pay for its sync and is skipped.
 FLAT_VERIFY = 0.1
@@ -306,7 +304,11 @@ class AdaptiveBlockSize:
             seconds = min(seconds, old * TIME_OUTLIER)
         here = self._timed_here[kind]
         if size in here or kind == "block":
-            table[size] = self._smooth(old, seconds)
+            # a verify far faster than its stored time replaces it: that time was a
+            # slow outlier (a first run compiling kernels), which smoothing would
+            # keep for many blocks (a block's t(B) varies with its cut: smoothed)
+            stale = kind == "verify" and old and seconds * TIME_OUTLIER < old
+            table[size] = seconds if stale else self._smooth(old, seconds)
             here.add(size)
             return
         table[size] = seconds

@@ -42,6 +42,9 @@ SHRINK = 2.0
 # v(T)'s growth per token when only one verify size is timed (a CPU's, about that of
 # the demo pair); replaced as soon as a second size is measured.
 GUESSED_SLOPE = 0.15
+# A block time counts at most this many times the current estimate: a pause of the
+# process (a page fault, another program) is not what a block size costs.
+TIME_OUTLIER = 1.5
 
 
 class Plan(NamedTuple):
@@ -162,26 +165,60 @@ class Costs:
 
 
 def verify_estimate(known: dict[int, float], tokens: int) -> float | None:
-    """v(T) from the timed verify sizes: interpolated between them, extended along
-    the line through the two largest beyond them (never flat: a longer copy must not
-    look free), and from one size with `GUESSED_SLOPE`; None when none is timed."""
-    return _estimate(sorted(known.items()), tokens)
+    """v(T) from the timed verify sizes (`VerifyCurve`); None when none is timed."""
+    return VerifyCurve(known)(tokens)
 
 
-def _estimate(points: list[tuple[int, float]], tokens: int) -> float | None:
-    """`verify_estimate` on the timed sizes, sorted."""
-    if not points:
-        return None
-    if len(points) == 1:
-        t0, v0 = points[0]
-        return v0 * (1 + GUESSED_SLOPE * (tokens - t0))
-    if tokens <= points[-1][0]:
+class VerifyCurve:
+    """v(T) from the timed verify sizes, built once per block: interpolated between
+    them, extended beyond the largest along the line through the two largest (never
+    falling), and from one size with `GUESSED_SLOPE`.
+
+    A time far above the robust line through all of them (`TIME_OUTLIER`) is left
+    out: times are noisy upwards only (the first run of a shape pays for compiling
+    MLX's kernels, the process may be paused), and a size timed once that way and
+    never again (the copies it priced out are never verified) would keep every
+    longer copy out."""
+
+    def __init__(self, known: dict[int, float]):
+        points = sorted(known.items())
+        if len(points) > 2:
+            slope, base = _line(points)
+            points = [
+                (t, v) for t, v in points if v <= TIME_OUTLIER * (base + slope * t)
+            ]
+        self.points = points
+
+    def __call__(self, tokens: int) -> float | None:
+        points = self.points
+        if not points:
+            return None
+        if len(points) == 1:
+            t0, v0 = points[0]
+            return v0 * (1 + GUESSED_SLOPE * (tokens - t0))
+        if tokens > points[-1][0]:
+            (t0, v0), (t1, v1) = points[-2], points[-1]
+            return v1 + max(v1 - v0, 0.0) / (t1 - t0) * (tokens - t1)
         lower = [p for p in points if p[0] <= tokens] or points[:1]
-        upper = [p for p in points if p[0] >= tokens]
-        (t0, v0), (t1, v1) = lower[-1], upper[0]
+        (t0, v0), (t1, v1) = lower[-1], next(p for p in points if p[0] >= tokens)
         return v0 if t1 == t0 else v0 + (v1 - v0) * (tokens - t0) / (t1 - t0)
-    (t0, v0), (t1, v1) = points[-2], points[-1]
-    return v1 + max(v1 - v0, 0.0) / (t1 - t0) * (tokens - t1)
+
+
+def _line(points: list[tuple[int, float]]) -> tuple[float, float]:
+    """(slope, intercept) of the Theil-Sen line through `points` (distinct sizes):
+    medians, so one stale time does not tilt it; the slope is never below 0."""
+    slopes = sorted(
+        (v1 - v0) / (t1 - t0)
+        for i, (t0, v0) in enumerate(points)
+        for t1, v1 in points[i + 1 :]
+    )
+    slope = max(_median(slopes), 0.0)
+    return slope, _median(sorted(v - slope * t for t, v in points))
+
+
+def _median(values: list[float]) -> float:
+    mid = len(values) // 2
+    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
 
 
 def choose(policy, limit: int, copied: int, match: int, drafter: bool) -> Plan:
@@ -196,12 +233,12 @@ def choose(policy, limit: int, copied: int, match: int, drafter: bool) -> Plan:
     rates = [policy.rate(s) for s in policy.sizes if s <= max(limit, 1)]
     rate = max(r for r in rates if r is not None)
     plain = policy.costs.estimate(policy, 1)
-    points = sorted(policy.verify_seconds.items())  # once: this runs every block
+    verify = VerifyCurve(policy.verify_seconds)  # once: this runs every block
     reach, expected = 1.0, 1.0
     for k in range(1, min(copied, limit - 1) + 1):
         reach *= policy.lookup.acceptance(match, k)
         expected += reach
-        v = _estimate(points, 1 + k)
+        v = verify(1 + k)
         if plain is None or v is None:
             break
         if expected / (plain + v) > rate:
@@ -210,7 +247,7 @@ def choose(policy, limit: int, copied: int, match: int, drafter: bool) -> Plan:
         return best
     for b in policy.sizes:
         cost = policy.costs.estimate(policy, b)
-        v = _estimate(points, b)
+        v = verify(b)
         if b > limit or cost is None or v is None:
             continue
         for k in range(1, min(copied, b - 2) + 1):
