@@ -28,11 +28,12 @@ from typing import NamedTuple
 DRAFT, LOOKUP, SPLICE = 0, 1, 2
 NAMES = ("draft", "lookup", "splice")
 MATCH_BUCKETS = 4  # matches of 4+ tokens share one count
-# A copy's acceptance before any is observed: its first id, the ids after it (code-edit
-# answers of the demo pair, simulated: the first id 0.32 after a 1-gram match, 0.48-0.66
-# after a 2-gram, 0.78-0.90 after longer ones; the ids after it 0.8-0.9), worth this
-# many blocks. A match length's first-id counts lean on the rate of all copies' first
-# ids as SHRINK blocks, so copies failing after one length teach the others at once.
+# A copied id's acceptance before any is observed: after a 1- to 3-gram (a first id, or
+# an id whose copy started from a short match), after a 4-gram or longer (code-edit
+# answers of the demo pair: 0.27 after a 1-gram, 0.45 after a 2-gram, 0.83 after a
+# 3-gram, 0.95 after longer ones), worth this many blocks. An n-gram length's counts
+# lean on the rate of all copies' first ids as SHRINK blocks, so copies failing after
+# one length teach the others at once.
 LOOKUP_PRIOR = (0.5, 0.8)
 LOOKUP_PRIOR_BLOCKS = 1.0
 # the prior ages down to this weight: after copies that failed it no longer pulls their
@@ -91,48 +92,61 @@ class FixedBlockSize:
 
 
 class LookupStats:
-    """The acceptance of copies, aged as the drafter's is: per position over all copies
-    (`accepted[k]` counts copies whose id k+1 was accepted, `offered[k]` those that
-    reached it), and the first id's per match length (`first_accepted[m]`,
-    `first_offered[m]` for (m+1)-gram matches): a copy after a 4-gram match is right
-    far more often than after a 1-gram one."""
+    """The acceptance of copies, aged as the drafter's is, per length of the n-gram
+    a copied id follows. A copy after an m-gram match whose first j ids were right
+    is, for its next id, a copy after an (m+j)-gram match: ids following 1- to
+    3-grams count per length (`gram_accepted[n - 1]`, `gram_offered[n - 1]`), those
+    following 4-grams or longer per position in the copy (`accepted[k]` counts ids
+    k+1 accepted, `offered[k]` those reached). On code edits a 1-gram match's first
+    id was right 27% of the time and, when it was, its second only 38% (it follows a
+    2-gram), where a 4-gram's ids were right 95-97% at every position."""
 
     def __init__(self, positions: int):
         self.positions = positions
         self.accepted = [0.0] * positions
         self.offered = [0.0] * positions
-        self.first_accepted = [0.0] * MATCH_BUCKETS
-        self.first_offered = [0.0] * MATCH_BUCKETS
+        self.gram_accepted = [0.0] * MATCH_BUCKETS
+        self.gram_offered = [0.0] * MATCH_BUCKETS
         self.prior_weight = LOOKUP_PRIOR_BLOCKS
 
     def acceptance(self, match: int, k: int) -> float:
-        """Estimated P(copied id k accepted | ids 1..k-1 were), k >= 1."""
-        prior = LOOKUP_PRIOR[0] if k == 1 else LOOKUP_PRIOR[1]
+        """Estimated P(copied id k accepted | ids 1..k-1 were), k >= 1, after a
+        `match`-gram match."""
+        grams = max(match, 1) + k - 1
+        if k > 1 and grams >= MATCH_BUCKETS:
+            return self._at(k, LOOKUP_PRIOR[1])
+        # a first id, or an id after a short match: its n-gram length's rate,
+        # leaning on the first ids' over all lengths
+        n = min(grams, MATCH_BUCKETS) - 1
+        pooled = self._at(1, LOOKUP_PRIOR[0])
+        return (self.gram_accepted[n] + SHRINK * pooled) / (
+            self.gram_offered[n] + SHRINK
+        )
+
+    def _at(self, k: int, prior: float) -> float:
+        """Copied id k's rate over all copies, leaning on `prior`."""
         if k > self.positions:
             return prior
         w = self.prior_weight
-        pooled = (self.accepted[k - 1] + w * prior) / (self.offered[k - 1] + w)
-        if k > 1:
-            return pooled
-        m = min(max(match, 1), MATCH_BUCKETS) - 1
-        return (self.first_accepted[m] + SHRINK * pooled) / (
-            self.first_offered[m] + SHRINK
-        )
+        return (self.accepted[k - 1] + w * prior) / (self.offered[k - 1] + w)
 
     def count(self, match: int, copied: int, accepted: int):
-        if copied < 1:
-            return
-        m = min(max(match, 1), MATCH_BUCKETS) - 1
-        self.first_offered[m] += 1
-        self.first_accepted[m] += accepted > 0
-        for k in range(min(accepted + 1, copied, self.positions)):
-            self.offered[k] += 1
-            self.accepted[k] += k < accepted
+        """A copy of `copied` ids after a `match`-gram match, `accepted` of them
+        right."""
+        for k in range(min(accepted + 1, copied)):  # id k+1 was verified
+            right, grams = k < accepted, max(match, 1) + k
+            if k == 0 or grams < MATCH_BUCKETS:
+                n = min(grams, MATCH_BUCKETS) - 1
+                self.gram_offered[n] += 1
+                self.gram_accepted[n] += right
+            if (k == 0 or grams >= MATCH_BUCKETS) and k < self.positions:
+                self.offered[k] += 1
+                self.accepted[k] += right
 
     def age(self, keep: float, floor: float):
         if keep < 1.0:
             for row in (
-                self.accepted, self.offered, self.first_accepted, self.first_offered
+                self.accepted, self.offered, self.gram_accepted, self.gram_offered
             ):  # fmt: skip
                 row[:] = [x * keep for x in row]
             self.prior_weight = max(self.prior_weight * keep, floor)
