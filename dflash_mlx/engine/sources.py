@@ -188,7 +188,7 @@ class VerifyCurve:
     them, extended beyond the largest along the line through the two largest (never
     falling), and from one size with `GUESSED_SLOPE`.
 
-    A time far above the robust line through all of them (`TIME_OUTLIER`) is left
+    A time far above a robust line through all of them (`TIME_OUTLIER`) is left
     out: times are noisy upwards only (the first run of a shape pays for compiling
     MLX's kernels, the process may be paused), and a size timed once that way and
     never again (the copies it priced out are never verified) would keep every
@@ -219,13 +219,12 @@ class VerifyCurve:
 
 
 def _line(points: list[tuple[int, float]]) -> tuple[float, float]:
-    """(slope, intercept) of the Theil-Sen line through `points` (distinct sizes):
-    medians, so one stale time does not tilt it; the slope is never below 0."""
-    slopes = sorted(
-        (v1 - v0) / (t1 - t0)
-        for i, (t0, v0) in enumerate(points)
-        for t1, v1 in points[i + 1 :]
-    )
+    """(slope, intercept) of a robust line through `points` (sorted, distinct
+    sizes): the median of the slopes between neighbours and the median intercept,
+    so one stale time (which tilts only its two neighbouring slopes) does not move
+    it; the slope is never below 0. Linear in the points: it runs every block."""
+    pairs = zip(points, points[1:], strict=False)
+    slopes = sorted((v1 - v0) / (t1 - t0) for (t0, v0), (t1, v1) in pairs)
     slope = max(_median(slopes), 0.0)
     return slope, _median(sorted(v - slope * t for t, v in points))
 
@@ -247,10 +246,17 @@ def choose(policy, limit: int, copied: int, match: int, drafter: bool) -> Plan:
     rates = [policy.rate(s) for s in policy.sizes if s <= max(limit, 1)]
     rate = max(r for r in rates if r is not None)
     plain = policy.costs.estimate(policy, 1)
-    verify = VerifyCurve(policy.verify_seconds)  # once: this runs every block
+    # once per block (this runs every block): v(T), and each position's acceptance
+    # for the copy and for the drafter
+    verify = VerifyCurve(policy.verify_seconds)
+    largest = max(policy.sizes)
+    copies = [
+        policy.lookup.acceptance(match, k)
+        for k in range(1, min(copied, max(limit - 1, largest - 2)) + 1)
+    ]
     reach, expected = 1.0, 1.0
-    for k in range(1, min(copied, limit - 1) + 1):
-        reach *= policy.lookup.acceptance(match, k)
+    for k, beta in enumerate(copies[: max(limit - 1, 0)], start=1):
+        reach *= beta
         expected += reach
         v = verify(1 + k)
         if plain is None or v is None:
@@ -259,26 +265,24 @@ def choose(policy, limit: int, copied: int, match: int, drafter: bool) -> Plan:
             best, rate = Plan(LOOKUP, 1 + k, k), expected / (plain + v)
     if not drafter:
         return best
+    drafts = [policy.acceptance(k) for k in range(1, largest)]
     for b in policy.sizes:
         cost = policy.costs.estimate(policy, b)
         v = verify(b)
         if b > limit or cost is None or v is None:
             continue
         for k in range(1, min(copied, b - 2) + 1):
-            tokens = _splice_tokens(policy, b, k, match)
+            tokens = _splice_tokens(copies[:k] + drafts[k : b - 1])
             if tokens / (cost + v) > rate:
                 best, rate = Plan(SPLICE, b, k), tokens / (cost + v)
     return best
 
 
-def _splice_tokens(policy, size: int, copied: int, match: int) -> float:
-    """Expected tokens of a splice: the copy's acceptance for its `copied` ids, the
-    drafter's for the positions after them."""
+def _splice_tokens(rates: list[float]) -> float:
+    """Expected tokens of a block whose proposals are accepted at `rates` (each
+    given the ones before it): a splice's copy ids, then the drafter's drafts."""
     reach, expected = 1.0, 1.0
-    for k in range(1, size):
-        if k <= copied:
-            reach *= policy.lookup.acceptance(match, k)
-        else:
-            reach *= policy.acceptance(k)
+    for rate in rates:
+        reach *= rate
         expected += reach
     return expected
