@@ -1,6 +1,8 @@
 """serve under pressure: a full queue (503), disconnects, timeouts, API keys.
 
-A drafter that sleeps before each draft keeps requests in flight without using CPU.
+A drafter that sleeps before each draft keeps requests in flight without using CPU
+(prompt lookup off: a copied block skips the drafter, and a tiny random model's
+repetitive answer would finish between two requests of a test).
 """
 
 import json
@@ -35,14 +37,14 @@ def pair(tiny_pair):
 def busy(pair):
     """One request at a time, one waiting, and an API key."""
     with LiveServer(
-        *pair, block_size=2, max_concurrency=1, max_queue=1, api_key=KEY
+        *pair, block_size=2, max_concurrency=1, max_queue=1, api_key=KEY, lookup=False
     ) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
 def impatient(pair):
-    with LiveServer(*pair, block_size=2, request_timeout=1.0) as s:
+    with LiveServer(*pair, block_size=2, request_timeout=1.0, lookup=False) as s:
         yield s
 
 
