@@ -23,6 +23,7 @@ None of this looks at the drafts' values or the target's draws, only at the hist
 distribution. When lookup finds nothing, the policy is asked `next` as before.
 """
 
+from statistics import median
 from typing import NamedTuple
 
 DRAFT, LOOKUP, SPLICE = 0, 1, 2
@@ -224,14 +225,9 @@ def _line(points: list[tuple[int, float]]) -> tuple[float, float]:
     so one stale time (which tilts only its two neighbouring slopes) does not move
     it; the slope is never below 0. Linear in the points: it runs every block."""
     pairs = zip(points, points[1:], strict=False)
-    slopes = sorted((v1 - v0) / (t1 - t0) for (t0, v0), (t1, v1) in pairs)
-    slope = max(_median(slopes), 0.0)
-    return slope, _median(sorted(v - slope * t for t, v in points))
-
-
-def _median(values: list[float]) -> float:
-    mid = len(values) // 2
-    return values[mid] if len(values) % 2 else (values[mid - 1] + values[mid]) / 2
+    slopes = [(v1 - v0) / (t1 - t0) for (t0, v0), (t1, v1) in pairs]
+    slope = max(median(slopes), 0.0)
+    return slope, median(v - slope * t for t, v in points)
 
 
 def choose(policy, limit: int, copied: int, match: int, drafter: bool) -> Plan:
