@@ -6,6 +6,9 @@
 #include "ops.h"
 #include "simd.h"
 #include "workers.h"
+#ifndef QBX
+#define QBX 4
+#endif
 
 namespace dflash {
 namespace {
@@ -46,8 +49,7 @@ void attend_head(const float* const* q, float* const* out, const int* first,
       float* s = &scores[(size_t)r * keys + from];
       const int seen = end[r0 + r] - from;
       const float* vr = v + from * vs;
-      float best = -INFINITY;
-      for (int j = 0; j < seen; j++) best = std::max(best, s[j]);
+      const float best = max_of(s, seen);
       const int body = seen - seen % LANES;
       vec sums{};
       for (int j = 0; j < body; j += LANES) {
@@ -91,6 +93,7 @@ void attend_head_tiled(const float* const* q, float* const* out, const int* firs
                        const float* v, int64_t vs, float scale,
                        std::vector<float>& scores) {
   constexpr int D = C * LANES, MAX_ROWS = 32, RB = C <= 4 ? 4 : C == 8 ? 2 : 1;
+  constexpr int QB = QBX;
   thread_local std::vector<float> tiles, totals;
   const int lo = *std::min_element(first, first + rows) / LANES * LANES;
   const int hi = *std::max_element(end, end + rows);
@@ -110,25 +113,33 @@ void attend_head_tiled(const float* const* q, float* const* out, const int* firs
     const int phi = *std::max_element(end + r0, end + r0 + n);
     const int width = (phi - plo + LANES - 1) / LANES * LANES;
     scores.resize((size_t)n * width);
-    for (int j0 = plo; j0 < phi; j0 += LANES) {  // q.k, a key tile at a time
-      const float* tile = &tiles[(size_t)(j0 - lo) / LANES * D * LANES];
-      for (int rb = 0; rb < n; rb += RB) {
-        const float* qr[RB];
-        for (int i = 0; i < RB; i++) qr[i] = q[r0 + std::min(rb + i, n - 1)];
-        vec acc[RB] = {};
+    for (int j0 = plo; j0 < phi; j0 += 2 * LANES) {  // q.k, two key tiles at a time
+      const float* t0 = &tiles[(size_t)(j0 - lo) / LANES * D * LANES];
+      const bool pair = j0 + LANES < phi;
+      const float* t1 = pair ? t0 + D * LANES : t0;
+      for (int rb = 0; rb < n; rb += QB) {
+        const float* qr[QB];
+        for (int i = 0; i < QB; i++) qr[i] = q[r0 + std::min(rb + i, n - 1)];
+        vec a0[QB] = {}, a1[QB] = {};
         for (int d = 0; d < D; d++) {
-          const vec kd = load(tile + d * LANES);
-          for (int i = 0; i < RB; i++) acc[i] += kd * qr[i][d];
+          const vec k0 = load(t0 + d * LANES), k1 = load(t1 + d * LANES);
+          for (int i = 0; i < QB; i++) {
+            const float x = qr[i][d];
+            a0[i] += k0 * x;
+            a1[i] += k1 * x;
+          }
         }
-        for (int i = 0; i < RB && rb + i < n; i++)
-          store(&scores[(size_t)(rb + i) * width + (j0 - plo)], acc[i] * scale);
+        for (int i = 0; i < QB && rb + i < n; i++) {
+          float* s = &scores[(size_t)(rb + i) * width + (j0 - plo)];
+          store(s, a0[i] * scale);
+          if (pair) store(s + LANES, a1[i] * scale);
+        }
       }
     }
     for (int r = 0; r < n; r++) {  // exp(s - max) where seen, else exactly 0
       float* s = &scores[(size_t)r * width];
       const int from = first[r0 + r] - plo, to = end[r0 + r] - plo;
-      float best = -INFINITY;
-      for (int j = from; j < to; j++) best = std::max(best, s[j]);
+      const float best = max_of(s + from, to - from);
       vec sums{};
       for (int j = 0; j < width; j += LANES) {
         const ivec at = lane + j;

@@ -3,6 +3,8 @@
 // reduction here has a fixed order, so a result depends on its inputs only.
 #pragma once
 
+#include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #if defined(__x86_64__)
@@ -113,6 +115,21 @@ inline vec vexp(vec x) {
   std::memcpy(&two_n, &bits, sizeof(vec));
   vec y = p * two_n;
   return x < lo ? vec{} : y;
+}
+
+// The largest of n floats, NaNs passed over as std::max does. A max rounds
+// nothing, so taking it a vector at a time gives the scalar loop's result.
+inline float max_of(const float* x, int n) {
+  vec best = vec{} - INFINITY;
+  int i = 0;
+  for (; i + LANES <= n; i += LANES) {
+    const vec v = load(x + i);
+    best = v > best ? v : best;
+  }
+  float m = -INFINITY;
+  for (int l = 0; l < LANES; l++) m = std::max(m, best[l]);
+  for (; i < n; i++) m = std::max(m, x[i]);
+  return m;
 }
 
 // The sum of squares of n floats: LANES partial sums in order, their tree sum,
