@@ -6,9 +6,6 @@
 #include "ops.h"
 #include "simd.h"
 #include "workers.h"
-#ifndef QBX
-#define QBX 4
-#endif
 
 namespace dflash {
 namespace {
@@ -83,8 +80,8 @@ void attend_head(const float* const* q, float* const* out, const int* first,
 }
 
 // attend_head for a prefill chunk's many rows: keys transposed into tiles of LANES
-// once a call, so that q.k is plain multiply-adds (a few rows a key tile, no lane
-// sums), and the weights.v products share each value row between rows. A row's
+// once a call, so that q.k is plain multiply-adds (RB rows by two key tiles, no
+// lane sums), and the weights.v products share each value row between rows. A row's
 // result depends on its own query and keys only: tiles and vectors start at
 // multiples of LANES of the key index, and keys a row does not see weigh exactly 0.
 template <int C>
@@ -93,7 +90,6 @@ void attend_head_tiled(const float* const* q, float* const* out, const int* firs
                        const float* v, int64_t vs, float scale,
                        std::vector<float>& scores) {
   constexpr int D = C * LANES, MAX_ROWS = 32, RB = C <= 4 ? 4 : C == 8 ? 2 : 1;
-  constexpr int QB = QBX;
   thread_local std::vector<float> tiles, totals;
   const int lo = *std::min_element(first, first + rows) / LANES * LANES;
   const int hi = *std::max_element(end, end + rows);
@@ -117,19 +113,19 @@ void attend_head_tiled(const float* const* q, float* const* out, const int* firs
       const float* t0 = &tiles[(size_t)(j0 - lo) / LANES * D * LANES];
       const bool pair = j0 + LANES < phi;
       const float* t1 = pair ? t0 + D * LANES : t0;
-      for (int rb = 0; rb < n; rb += QB) {
-        const float* qr[QB];
-        for (int i = 0; i < QB; i++) qr[i] = q[r0 + std::min(rb + i, n - 1)];
-        vec a0[QB] = {}, a1[QB] = {};
+      for (int rb = 0; rb < n; rb += RB) {
+        const float* qr[RB];
+        for (int i = 0; i < RB; i++) qr[i] = q[r0 + std::min(rb + i, n - 1)];
+        vec a0[RB] = {}, a1[RB] = {};
         for (int d = 0; d < D; d++) {
           const vec k0 = load(t0 + d * LANES), k1 = load(t1 + d * LANES);
-          for (int i = 0; i < QB; i++) {
+          for (int i = 0; i < RB; i++) {
             const float x = qr[i][d];
             a0[i] += k0 * x;
             a1[i] += k1 * x;
           }
         }
-        for (int i = 0; i < QB && rb + i < n; i++) {
+        for (int i = 0; i < RB && rb + i < n; i++) {
           float* s = &scores[(size_t)(rb + i) * width + (j0 - plo)];
           store(s, a0[i] * scale);
           if (pair) store(s + LANES, a1[i] * scale);
