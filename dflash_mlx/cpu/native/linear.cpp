@@ -14,8 +14,11 @@ constexpr size_t PARALLEL_BYTES = 1 << 17;  // smaller weights run on one thread
 // Weights ahead of the loads, in elements, prefetched where x has 2+ rows: the
 // weights stream from memory and more arithmetic per weight left fewer loads in
 // flight (block 8 at 31-32 tok/s without, 36-38 with; a plain step, one row, lost
-// ~5% to the extra instructions, so it has none; Intel Xeon, AVX-512).
-constexpr int PREFETCH = 256;
+// ~5% to the extra instructions, so it has none; Intel Xeon, AVX-512). 1024, not
+// 256: the default target's 30 layers and head (float32, 470 MB) at 8 rows took
+// 39-50 ms with 256, 29-37 with 1024 (medians of 30, 7 runs each, alternated), 4
+// rows 29-38 -> 26-33 ms, 32 rows 111-135 -> 94-96 ms; 2048 was no better.
+constexpr int PREFETCH = 1024;
 
 template <Weights W>
 inline void prefetch_weights(const void* w, size_t i) {
