@@ -65,6 +65,25 @@ def test_compute_bound_machine_prefers_small_blocks():
     assert mostly(chosen) in (2, 4)
 
 
+def test_timings_are_kept_per_batch_width():
+    """A batch of 8 verifies 8 rows a step: on a CPU its big blocks cost far more
+    than one sequence's. Each width keeps its own t(B), a new width starts from the
+    nearest one's, and the acceptance is shared."""
+    p = AdaptiveBlockSize(8)
+    alone = simulate(p, 0.8, lambda b: 0.03 + 0.001 * b)  # flat: big blocks win
+    assert mostly(alone) == 8
+    acceptance, seconds = p.acceptance(1), dict(p.seconds)
+    p.at_width(8)
+    assert p.seconds == seconds  # the nearest width's, to start with
+    assert p.acceptance(1) == acceptance
+    batched = simulate(p, 0.8, lambda b: 0.01 + 0.09 * b)  # 8 rows a size: steep
+    assert mostly(batched) == 1
+    assert p.acceptance(1) != acceptance  # the batch's blocks count for everyone
+    p.at_width(1)  # back alone: its own timings, no relearning
+    assert p.seconds[8] == pytest.approx(0.038)
+    assert p.next() == 8
+
+
 def test_expected_tokens_and_exploration():
     p = AdaptiveBlockSize(8, explore_every=5, memory=math.inf)
     assert p.sizes == [1, 2, 4, 8]

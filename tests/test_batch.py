@@ -12,6 +12,7 @@ from oracles import RowOracleDraft
 from dflash_mlx import SamplingParams, load, load_draft, stream_generate
 from dflash_mlx.engine.batch import Batch, Request
 from dflash_mlx.engine.loop import as_target
+from dflash_mlx.engine.policy import FixedBlockSize
 from dflash_mlx.engine.prefill import first_token, prefill
 from dflash_mlx.generate import make_prompt_cache
 from dflash_mlx.kernels import MLX
@@ -97,6 +98,31 @@ def test_batched_greedy_equals_plain_decoding(tiny_pair, family, size, kernels):
     for i, request in enumerate(requests):
         assert got[i] == expected[i][: request.max_tokens], f"prompt {i}"
     assert batch.caches is None and not batch.members  # all left: nothing held
+
+
+class WidthsSeen(FixedBlockSize):
+    """A fixed size that records the widths the batch announces."""
+
+    def __init__(self, size):
+        super().__init__(size)
+        self.widths = []
+
+    def at_width(self, width):
+        self.widths.append(width)
+
+
+def test_the_batch_times_its_blocks_per_width(tiny_pair):
+    """Each step tells the policy how many rows it verifies (free rows included):
+    t(B) depends on it (engine/policy.py keeps timings per width)."""
+    target, draft, model, tok = _pair(tiny_pair, "qwen3")
+    prompts = [tok.encode(t) for t in TEXTS]
+    stops = frozenset(tok.eos_token_ids)
+    policy = WidthsSeen(2)
+    batch = Batch(target, draft, policy)
+    requests = [Request(max_tokens=N - 6 * i, stop_tokens=stops) for i in range(4)]
+    _run(batch, target, draft, prompts, requests, [0, 0, 2, 5])
+    assert policy.widths[:2] == [2, 2] and policy.widths[2] == 3
+    assert max(policy.widths) == 4 and policy.widths[-1] >= 1
 
 
 def test_seeded_samples_are_the_solo_samples(tiny_pair):

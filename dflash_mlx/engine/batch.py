@@ -2,11 +2,12 @@
 step verify a block of every sequence (continuous batching of DFlash blocks).
 
 Each sequence keeps its own sampling parameters, seed, stop tokens, budget and
-logprobs; they share the block size (one policy for the batch). A sequence joins after
-its prompt is prefilled alone (`join` makes its PromptCache a row of the batch's
-caches, models/ragged.py) and leaves between steps (`leave` gives its row back as a
-PromptCache, e.g. to the prefix cache). Free rows are reused, and the caches are
-compacted when most rows are free.
+logprobs; they share the block size: one policy for the batch, which times blocks per
+batch width (verifying 8 rows costs more than 1: on a CPU the fastest size for 8 is
+often plain decoding). A sequence joins after its prompt is prefilled alone (`join`
+makes its PromptCache a row of the batch's caches, models/ragged.py) and leaves
+between steps (`leave` gives its row back as a PromptCache, e.g. to the prefix cache).
+Free rows are reused, and the caches are compacted when most rows are free.
 
 With `lookup`, a sequence whose history has a copy (engine/lookup.py) verifies it in
 the first positions of its block, the drafter's drafts after it; the block size is
@@ -155,6 +156,9 @@ class Batch:
         if not members:
             return []
         start = time.perf_counter()
+        at_width = getattr(self.policy, "at_width", None)
+        if at_width is not None:  # the rows verified, free ones included
+            at_width(len(self.members))
         room = min(m.room for m in members)
         size, copies = self._plan(members, int(min(room, 1 << 30)))
         drafts = q_rows = None

@@ -38,6 +38,9 @@ spliced in front of the drafter's drafts, against the block `next` chose (source
 whole picture.
 """
 
+import copy
+
+from ..models.acceptance import pseudo_counts
 from .sources import (
     DRAFT,
     LOOKUP,
@@ -64,6 +67,9 @@ MAX_LOOKUP = 15  # copied ids per block: 16 verified tokens, one native product
 # A cut saves at most v's growth over the block: where that is under this share of
 # the block's time (v flat, as on a GPU), it cannot pay for its sync and is skipped.
 FLAT_VERIFY = 0.1
+# What a block's time depends on: how many sequences verify together (a batch's
+# width, engine/batch.py), which its acceptance does not. Kept per width.
+_TIMINGS = "seconds verify_seconds _timed_here costs _tokens _block_seconds".split()
 
 
 class AdaptiveBlockSize:
@@ -95,7 +101,7 @@ class AdaptiveBlockSize:
         self.smoothing = smoothing
         self.accepted = [0.0] * max_size  # accepted[k]: draft k+1 accepted
         self.offered = [0.0] * max_size  # offered[k]: draft k+1 verified, k accepted
-        self.prior_accepted, self.prior_offered = _pseudo_counts(
+        self.prior_accepted, self.prior_offered = pseudo_counts(
             prior, max_size, prior_blocks
         )
         # each block ages the counts by `_keep` (memory=inf: never); the prior ages
@@ -124,6 +130,8 @@ class AdaptiveBlockSize:
         self.max_lookup = max_lookup
         self.lookup = LookupStats(max_lookup)  # the copies' acceptance (sources.py)
         self.costs = Costs(smoothing)  # each kind of block's time beside its verify
+        self.width = 1  # sequences verified together (`at_width`)
+        self._widths: dict[int, dict] = {}  # the other widths' timings
 
     @classmethod
     def for_drafter(cls, draft, **kwargs) -> "AdaptiveBlockSize":
@@ -185,6 +193,21 @@ class AdaptiveBlockSize:
                 self._explore_left = EXPLORE_BLOCKS
                 return explored
         return best
+
+    def at_width(self, width: int):
+        """Time the next blocks as `width` sequences verified together: each width
+        keeps its own timings (a new one starts from the nearest width's and is
+        re-timed as it runs); the acceptance is shared."""
+        if width == self.width:
+            return
+        self._widths[self.width] = {k: getattr(self, k) for k in _TIMINGS}
+        timings = self._widths.pop(width, None)
+        if timings is None:
+            nearest = min(self._widths, key=lambda w: (abs(w - width), w))
+            timings = copy.deepcopy(self._widths[nearest])
+        for name, value in timings.items():
+            setattr(self, name, value)
+        self.width = width
 
     def plan(self, limit: int, copied: int, match: int = 0, drafter: bool = True):
         """The next block when prompt lookup offers `copied` ids after a `match`-gram
@@ -374,19 +397,3 @@ class AdaptiveBlockSize:
             if value > best:
                 best_k, best = k, value
         return best_k
-
-
-def _pseudo_counts(prior, max_size: int, weight: float):
-    """(accepted, offered) pseudo-counts per position: the prior's counts scaled so its
-    first position weighs `weight` blocks; one optimistic accepted observation where the
-    prior has none (no prior, or a position it never reached)."""
-    accepted, offered = [1.0] * max_size, [1.0] * max_size
-    if prior is None or not prior.offered or not prior.offered[0]:
-        return accepted, offered
-    scale = weight / prior.offered[0]
-    n = min(max_size, len(prior.offered))
-    for k in range(n):
-        if prior.offered[k]:
-            accepted[k] = prior.accepted[k] * scale
-            offered[k] = prior.offered[k] * scale
-    return accepted, offered

@@ -98,3 +98,19 @@ def read_acceptance(folder: Path, what: str = "Drafter") -> Acceptance | None:
             f"{what}: '{file}' counts more accepted drafts than offered ones; {fix}."
         )
     return acceptance
+
+
+def pseudo_counts(prior, max_size: int, weight: float):
+    """(accepted, offered) pseudo-counts per position: the prior's counts scaled so its
+    first position weighs `weight` blocks; one optimistic accepted observation where the
+    prior has none (no prior, or a position it never reached)."""
+    accepted, offered = [1.0] * max_size, [1.0] * max_size
+    if prior is None or not prior.offered or not prior.offered[0]:
+        return accepted, offered
+    scale = weight / prior.offered[0]
+    n = min(max_size, len(prior.offered))
+    for k in range(n):
+        if prior.offered[k]:
+            accepted[k] = prior.accepted[k] * scale
+            offered[k] = prior.offered[k] * scale
+    return accepted, offered
