@@ -84,6 +84,22 @@ def test_timings_are_kept_per_batch_width():
     assert p.next() == 8
 
 
+def test_a_batch_step_is_timed_once_and_counts_every_rows_acceptance():
+    """A batch step observes one block per sequence: the first (step=True) times the
+    step and takes a turn of the exploration schedule, the others only add their
+    acceptance (else a step of 8 would explore 8 times as often and weigh its time 8
+    times)."""
+    batched, alone = AdaptiveBlockSize(8), AdaptiveBlockSize(8)
+    for p in (batched, alone):
+        for size in p.sizes:
+            p.observe(size, 0, 0.01 * size)
+        p.observe(4, 3, 0.2)
+    for _ in range(7):
+        batched.observe(4, 0, 9.0, step=False)  # a wrong time would show
+    assert batched.seconds == alone.seconds and batched.blocks == alone.blocks
+    assert batched.acceptance(1) < alone.acceptance(1)
+
+
 def test_expected_tokens_and_exploration():
     p = AdaptiveBlockSize(8, explore_every=5, memory=math.inf)
     assert p.sizes == [1, 2, 4, 8]

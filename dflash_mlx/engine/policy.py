@@ -8,15 +8,12 @@ the B with the most tokens per second, so a slow machine or a weak drafter falls
 plain decoding instead of running slower than it. Any B is lossless; only speed depends
 on it.
 
-Within a block it also decides how many drafts to verify (`cut`): verifying T tokens
-costs v(T), measured per T, and draft k is worth verifying when the tokens it is
-expected to add (the product of the drafter's confidences up to k) pay for its share of
-v at the current rate. Where v grows with T (CPUs) this skips hopeless drafts; where v
-is flat (GPUs running a big target) it keeps them all. t(B) is measured with the cut,
-so E(B) is taken with it too: only the share of the drafts' expected tokens (from the
-drafter's confidences) that the cut kept at B counts. Drafts it dropped still count in
-alpha, at the drafter's confidence: a cut that hides weak drafts cannot keep a losing
-size alive, nor leave alpha at its prior.
+Within a block it also decides how many drafts to verify (`cut`): draft k is verified
+when its expected tokens (the product of the drafter's confidences up to k) pay for its
+share of v(T), the measured cost of verifying T tokens, at the current rate: where v
+grows with T (CPUs) hopeless drafts are skipped, where it is flat (GPUs) none. t(B) and
+E(B) are both taken with the cut; the drafts it dropped count in alpha at the drafter's
+confidence, so a cut that hides weak drafts cannot keep a losing size alive.
 
 Acceptance changes with the text (a code answer after a math one, a new chat topic), so
 the counts behind alpha_k are weighted by age: a block `memory` blocks old counts e^-1
@@ -169,10 +166,6 @@ class AdaptiveBlockSize:
         t = self.seconds.get(size)
         return None if t is None else self.block_tokens(size) / t
 
-    def _timed_rate(self, size: int) -> float:
-        # only called for sizes already timed, whose rate is known
-        return self.rate(size) or 0.0
-
     def next(self, limit: int | None = None) -> int:
         """The block size to use next (never above `limit`)."""
         sizes = [s for s in self.sizes if limit is None or s <= limit] or [1]
@@ -183,7 +176,7 @@ class AdaptiveBlockSize:
             return untried[-1]
         if self._explored in sizes and self._explore_left > 0:
             return self._explored
-        best = max(sizes, key=self._timed_rate)
+        best = max(sizes, key=lambda s: self.rate(s) or 0.0)  # all timed by now
         if self._gap and self.blocks >= self._gap:
             # re-time another size now and then: speed and acceptance drift with context
             self._explore_next = (self._explore_next + 1) % len(sizes)
@@ -216,7 +209,7 @@ class AdaptiveBlockSize:
 
     def _after_exploring(self, size: int):
         sizes = [s for s in self.sizes if s in self.seconds]
-        won = size == max(sizes, key=self._timed_rate)
+        won = size == max(sizes, key=lambda s: self.rate(s) or 0.0)
         longest = max(MAX_EXPLORE_GAP, self.explore_every)
         self._gap = self.explore_every if won else min(self._gap * 2, longest)
         self._explored = None
@@ -232,20 +225,24 @@ class AdaptiveBlockSize:
         source: int = DRAFT,
         match: int = 0,
         copied: int = 0,
+        step: bool = True,
     ):
         """Record a block: size drafted, drafts accepted, wall time, and (when the block
         was cut) how many tokens the target verified, how long that took, and the
         drafter's confidences (default: those the last `cut` saw). A lookup or splice
-        block (`source`) gives its copy's length and match instead."""
+        block (`source`) gives its copy's length and match instead. `step=False`: a
+        block of a batch step already observed (engine/batch.py), whose time and turn
+        in the exploration schedule it shares: only its acceptance counts."""
         verified = size if verified is None else verified
-        self.costs.observe(1 if source == LOOKUP else size, seconds, verify_seconds)
+        if step:
+            self.costs.observe(1 if source == LOOKUP else size, seconds, verify_seconds)
         if source != DRAFT:
-            self._observe_copy(n_accepted, seconds, verified, verify_seconds)
+            self._observe_copy(n_accepted, seconds, verified, verify_seconds, step)
             self.lookup.count(match, copied, n_accepted)
             return
         if confidence is not None:
             self._confidence = list(confidence)
-        self.blocks += 1
+        self.blocks += step
         self._run.add(size)
         self._age_counts()
         for k in range(min(n_accepted + 1, verified - 1)):
@@ -255,25 +252,29 @@ class AdaptiveBlockSize:
         if self._confidence is not None and len(self._confidence) == size - 1:
             self._count_cut(self._confidence, size, verified, n_accepted)
         self._confidence = None
+        self._tokens = self._smooth(self._tokens, n_accepted + 1)
+        if not step:
+            return
         if verify_seconds is not None:  # first: it may rescale stored block times
             self._time("verify", self.verify_seconds, verified, verify_seconds)
         self._time("block", self.seconds, size, seconds)
-        self._tokens = self._smooth(self._tokens, n_accepted + 1)
         self._block_seconds = self._smooth(self._block_seconds, seconds)
         if size == self._explored:
             self._explore_left -= 1
             if self._explore_left <= 0:
                 self._after_exploring(size)
 
-    def _observe_copy(self, n_accepted, seconds, verified, verify_seconds):
+    def _observe_copy(self, n_accepted, seconds, verified, verify_seconds, step):
         """A lookup or splice block: it ages the counts and times v(T), but says
         nothing of the drafter's acceptance or of t(B)."""
-        self.blocks += 1
+        self.blocks += step
         self._age_counts()
         self._confidence = None
+        self._tokens = self._smooth(self._tokens, n_accepted + 1)
+        if not step:
+            return
         if verify_seconds is not None:
             self._time("verify", self.verify_seconds, verified, verify_seconds)
-        self._tokens = self._smooth(self._tokens, n_accepted + 1)
         self._block_seconds = self._smooth(self._block_seconds, seconds)
 
     def _age_counts(self):
