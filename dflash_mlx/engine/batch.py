@@ -284,7 +284,7 @@ class Batch:
     def _commit(self, members, rows, logprobs, features, size, copies, seconds):
         """Keep each row's committed tokens (`_keeps`: how many, per row)."""
         blocks, self._keeps = [], [0] * len(self.members)
-        for i, m in enumerate(members):
+        for m in members:
             accepted, emitted = rows[m.row][0], rows[m.row][1:]
             tokens = emitted[: accepted + 1]
             stops = (i + 1 for i, t in enumerate(tokens) if t in m.request.stop_tokens)
@@ -314,7 +314,7 @@ class Batch:
             # one step: timed once, one turn of the exploration schedule; every
             # row's acceptance counts
             self.policy.observe(
-                size, accepted, seconds, verified=size, step=i == 0, **extra
+                size, accepted, seconds, verified=size, step=m is members[0], **extra
             )
         return blocks
 
