@@ -43,7 +43,8 @@ ARCH = "-march=native"  # this CPU's vector units (the cache key has its flags)
 # No fused multiply-adds the compiler picks per loop: it fused `acc += w * x` in some
 # template instances and not in others (AVX2 builds, one-row products), so a row's
 # result depended on how many rows were computed with it. Every sum is then the same
-# multiplies and adds in the same order in every kernel (memory-bound: no slower).
+# operations in the same order in every kernel; the products fuse theirs explicitly
+# (simd.h's `fma`, the same in every instance).
 EXACT_SUMS = "-ffp-contract=off"
 BUILD_SECONDS = 300
 # The self-check: odd sizes (a lane tail, a partial group of rows), more rows of x

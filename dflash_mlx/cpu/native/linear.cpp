@@ -45,7 +45,7 @@ void rows_fixed(const void* w, const float* x, float* y, int o0, int o1, int ldy
         const size_t at = (size_t)(o + r) * in + i;
         if constexpr (T > 1) prefetch_weights<W>(w, at + PREFETCH);
         vec wr = load_weights<W>(w, at);
-        for (int t = 0; t < T; t++) acc[r][t] += wr * xs[t];
+        for (int t = 0; t < T; t++) acc[r][t] = fma(wr, xs[t], acc[r][t]);
       }
     }
     for (int r = 0; r < R; r++) {
@@ -159,8 +159,8 @@ mx::Shape out_shape(const mx::array& x, const mx::array& w) {
 
 mx::array small_linear(const mx::array& x, const mx::array& w) {
   auto run = [](const std::vector<mx::array>& in, mx::array& out) {
-    std::vector<float> xs, ws;
-    const float* x = dense(in[0], xs);
+    std::vector<float> xs, xa, ws;
+    const float* x = aligned(dense(in[0], xs), in[0].size(), xa);
     const Matrix w = matrix(in[1], ws);
     int tokens = w.in ? (int)(in[0].size() / w.in) : 0;
     float* y = out.data<float>();
@@ -178,8 +178,8 @@ mx::array gated_linear(const mx::array& x, const mx::array& gate,
     throw std::invalid_argument("gate and up weights of one shape");
   }
   auto run = [](const std::vector<mx::array>& in, mx::array& out) {
-    std::vector<float> xs, gs, us;
-    const float* x = dense(in[0], xs);
+    std::vector<float> xs, xa, gs, us;
+    const float* x = aligned(dense(in[0], xs), in[0].size(), xa);
     const Matrix g = matrix(in[1], gs), u = matrix(in[2], us);
     int tokens = g.in ? (int)(in[0].size() / g.in) : 0;
     float* y = out.data<float>();

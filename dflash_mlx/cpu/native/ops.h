@@ -11,6 +11,8 @@
 // plain step, bit for bit.
 #pragma once
 
+#include <cstdint>
+#include <cstring>
 #include <functional>
 #include <memory>
 #include <stdexcept>
@@ -71,6 +73,20 @@ inline const float* dense(const mx::array& a, std::vector<float>& scratch) {
     for (int d = a.ndim() - 1; d >= 0 && ++index[d] == shape[d]; d--) index[d] = 0;
   }
   return scratch.data();
+}
+
+// n floats at p, from a 64-byte boundary: `p` itself where it starts on one, else
+// a copy in `scratch`. MLX's CPU buffers start 8 bytes past one, and a vector load
+// across two cache lines costs two: the products' few rows of x, read once for
+// every weight row, run ~1.5x faster aligned (Intel Xeon, AVX-512).
+constexpr uintptr_t LINE = 64;
+inline const float* aligned(const float* p, size_t n, std::vector<float>& scratch) {
+  if (reinterpret_cast<uintptr_t>(p) % LINE == 0) return p;
+  scratch.resize(n + LINE / sizeof(float));
+  float* q = scratch.data();
+  q += (LINE - reinterpret_cast<uintptr_t>(q) % LINE) % LINE / sizeof(float);
+  std::memcpy(q, p, n * sizeof(float));
+  return q;
 }
 
 // A CPU-only primitive with one output of a given shape: `eval_cpu` allocates the
