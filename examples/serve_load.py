@@ -5,8 +5,11 @@
 
 Each server is started in turn on the same target (a GGUF target is exported once to an
 MLX folder for `mlx_lm.server`, which cannot read GGUF), warmed up with one whole
-answer, then driven by N client threads that each stream `--requests` gsm8k chat
-completions (greedy, usage included) one after another. Per server and N: requests/s,
+answer, then driven by N client threads that stream the same gsm8k chat completions
+(greedy, usage included) at every N: `--requests` x the largest N prompts, each client
+taking the next one when its answer ends (before 2026-12-05 each client had its own
+`--requests` prompts, so 1 client measured 4 prompts and 8 clients 32: rows compared
+different work). Per server and N: requests/s,
 TTFT p50/p95, per-client decode tok/s, aggregate tok/s and errors; then whether every
 greedy answer of dflash equals mlx-lm's. A table, then one JSON line. Only `httpx` is
 needed on the client side.
@@ -18,6 +21,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -30,7 +34,12 @@ def parse_args():
     p.add_argument("--model", help="target (default: the built-in one)")
     p.add_argument("--draft", help="DFlash drafter (default: the target's)")
     p.add_argument("--clients", default="1,4,8,16", help="comma list of client counts")
-    p.add_argument("--requests", type=int, default=4, help="requests per client")
+    p.add_argument(
+        "--requests",
+        type=int,
+        default=4,
+        help="requests per client at the most clients (every row serves those prompts)",
+    )
     p.add_argument("--max-tokens", type=int, default=256)
     p.add_argument("--dataset", default="gsm8k")
     p.add_argument("--servers", default="dflash,mlx-lm")
@@ -163,15 +172,23 @@ def stream_one(http: httpx.Client, url: str, model: str, prompt: str, max_tokens
     }
 
 
-def run_clients(url, model, prompts, clients, per_client, max_tokens):
+def run_clients(url, model, prompts, clients, max_tokens):
+    """Every prompt once, `clients` at a time: each client streams the next prompt
+    not yet taken when its last answer ends (every row serves the same prompts, so
+    rows compare the same work)."""
+    queue = iter(enumerate(prompts))
+    lock = threading.Lock()
+
     def client(i):
         with httpx.Client(timeout=3600) as http:
             out = []
-            for j in range(per_client):
-                k = (i * per_client + j) % len(prompts)
-                rec = stream_one(http, url, model, prompts[k], max_tokens)
+            while True:
+                with lock:
+                    k, prompt = next(queue, (None, None))
+                if k is None:
+                    return out
+                rec = stream_one(http, url, model, prompt, max_tokens)
                 out.append({**rec, "prompt": k, "client": i})
-            return out
 
     tic = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
@@ -237,9 +254,7 @@ def main():
                 # than the same 1 client measured after 8)
                 stream_one(http, url, model, spare, args.max_tokens)
             for n in counts:
-                records, wall = run_clients(
-                    url, model, prompts, n, args.requests, args.max_tokens
-                )
+                records, wall = run_clients(url, model, prompts, n, args.max_tokens)
                 rows.append(summarize(kind, n, records, wall))
                 everything += [{**r, "server": kind, "clients": n} for r in records]
                 for r in records:
