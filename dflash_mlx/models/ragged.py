@@ -12,11 +12,23 @@ moves no data. mlx-lm's models read it as any cache (`offset`, `update_and_fetch
 """
 
 from collections.abc import Sequence
+from functools import lru_cache
 
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
 STEP = 256  # columns added when a row outgrows the storage
+
+
+@lru_cache(maxsize=4)
+def _columns(lengths: tuple[int, ...], shape: tuple[int, ...]) -> mx.array:
+    """Where a block of shape (B, H, T, D) goes in each row's storage: columns
+    lengths[b] + t, as put_along_axis indices. Every layer of a step writes at the
+    same columns: built once a step, not once a layer (7 ops, 210 of the ~1,080 of a
+    plain step of the built-in target)."""
+    T = shape[2]
+    at = mx.array(lengths)[:, None] + mx.arange(T)[None]  # (B, T)
+    return mx.broadcast_to(at[:, None, :, None], shape)
 
 
 class RaggedKVCache:
@@ -49,16 +61,11 @@ class RaggedKVCache:
         T = keys.shape[2]
         width = max(self.lengths) + T
         stored_keys, stored_values = self._reserve(width, keys, values)
-        at = mx.array(self.lengths)[:, None] + mx.arange(T)[None]  # (B, T)
-        self.keys = mx.put_along_axis(
-            stored_keys, mx.broadcast_to(at[:, None, :, None], keys.shape), keys, 2
-        )
-        self.values = mx.put_along_axis(
-            stored_values,
-            mx.broadcast_to(at[:, None, :, None], values.shape),
-            values,
-            2,
-        )
+        lengths = tuple(self.lengths)
+        at_keys = _columns(lengths, tuple(keys.shape))
+        at_values = _columns(lengths, tuple(values.shape))  # the same, as a rule
+        self.keys = mx.put_along_axis(stored_keys, at_keys, keys, 2)
+        self.values = mx.put_along_axis(stored_values, at_values, values, 2)
         return self.keys[..., :width, :], self.values[..., :width, :]
 
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **_):
