@@ -129,6 +129,25 @@ def test_a_token_gets_the_same_bits_in_any_block(module):
 
 
 @pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
+def test_where_x_and_the_weights_lie_changes_no_bit(module):
+    """The products copy x to a cache-line boundary and read weights where they lie:
+    a lane's share of the sum follows the element's index, never its address."""
+    tokens, rows, inputs = 9, 37, 160
+    x, w = mx.random.normal((tokens, inputs)), mx.random.normal((rows, inputs))
+    want = module.small_linear(x, w)
+    pad = mx.random.normal((16 + tokens * inputs,))
+    for shift in range(16):  # every float offset within a 64-byte line
+        xs = mx.concatenate([pad[:shift], x.reshape(-1), pad[shift:16]])
+        ws = mx.concatenate([pad[:shift], w.reshape(-1), pad[shift:16]])
+        x_at = xs[shift : shift + x.size].reshape(x.shape)
+        w_at = ws[shift : shift + w.size].reshape(w.shape)
+        assert mx.array_equal(module.small_linear(x_at, w_at), want), shift
+        assert mx.array_equal(
+            module.gated_linear(x_at, w_at, w_at), module.gated_linear(x, w, w)
+        ), shift
+
+
+@pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
 def test_takes_lazy_strided_and_batched_inputs(module):
     w = mx.random.normal((64, 96))
     x = mx.random.normal((96, 3)).T  # a transposed view, not yet evaluated
