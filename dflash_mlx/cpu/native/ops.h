@@ -78,7 +78,7 @@ inline const float* dense(const mx::array& a, std::vector<float>& scratch) {
 // n floats at p, from a 64-byte boundary: `p` itself where it starts on one, else
 // a copy in `scratch`. MLX's CPU buffers start 8 bytes past one, and a vector load
 // across two cache lines costs two: the products' few rows of x, read once for
-// every weight row, run ~1.5x faster aligned (Intel Xeon, AVX-512).
+// every weight row, ran 1.4-2x faster aligned (one thread, Intel Xeon, AVX-512).
 constexpr uintptr_t LINE = 64;
 inline const float* aligned(const float* p, size_t n, std::vector<float>& scratch) {
   if (reinterpret_cast<uintptr_t>(p) % LINE == 0) return p;

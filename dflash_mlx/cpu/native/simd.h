@@ -32,8 +32,8 @@ inline void store(float* p, vec v) { std::memcpy(p, &v, sizeof(vec)); }
 // acc + a * b. Where the CPU has fused multiply-adds, one instruction and one
 // rounding, written out: the build forbids the compiler fusing on its own (see
 // EXACT_SUMS), so every kernel that calls this rounds alike whatever its rows. A
-// product's inner loop is then one instruction a weight and row, not two: at 16+
-// rows, where the products are bound by arithmetic, about twice as fast.
+// product's inner loop is then one instruction a weight and row, not two (at 16+
+// rows the products are bound by arithmetic).
 inline vec fma(vec a, vec b, vec acc) {
 #if defined(__AVX512F__)
   return (vec)_mm512_fmadd_ps((__m512)a, (__m512)b, (__m512)acc);
@@ -42,7 +42,7 @@ inline vec fma(vec a, vec b, vec acc) {
 #elif defined(__aarch64__)
   vec out;
   for (int l = 0; l < LANES; l++) out[l] = __builtin_fmaf(a[l], b[l], acc[l]);
-  return out;  // two fmla: aarch64 always has them
+  return out;  // aarch64 always has fused multiply-adds
 #else
   return acc + a * b;  // no fused instruction: two roundings, still one order
 #endif
