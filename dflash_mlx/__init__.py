@@ -6,7 +6,7 @@ Exports load lazily so that `import dflash_mlx.files` or `dflash-mlx --help` sta
 The library, by role; each layer imports only the layers before it, and nothing imports
 upward (tests/test_architecture.py checks it):
 - base modules: `validate`, `files`, `sampling`, `kernels` (the kernels' interface),
-  `distributed`, `conversation`, `datasets`;
+  `distributed`, `conversation`, `datasets`, `install` (what else writes `dflash_mlx/`);
 - `cpu/`: what MLX's CPU backend needs (never imported on a Mac);
 - `backend`: `for_device`, the one entry point that picks kernels;
 - `models/`: the drafters and the target side;
@@ -21,7 +21,24 @@ import sys
 from importlib import import_module
 from types import ModuleType
 
+# The one place the version is written: pyproject.toml reads it (setuptools' `attr:`).
 __version__ = "0.1.0"
+
+
+def _warn_if_shadowed():
+    """Warn once (at import) when another distribution writes `dflash_mlx/` here too;
+    the CLI reports it as an error instead (cli/main.py)."""
+    from .install import shadowing
+
+    message = shadowing()
+    program = (getattr(sys, "argv", None) or [""])[0]
+    if message and not program.endswith("dflash-mlx"):
+        import warnings
+
+        warnings.warn(message, UserWarning, stacklevel=2)
+
+
+_warn_if_shadowed()
 
 _EXPORTS = {
     "DFlashConfig": ("models.draft", "ModelArgs"),

@@ -28,6 +28,7 @@ LAYERS = (
         "dflash_mlx.distributed",
         "dflash_mlx.conversation",
         "dflash_mlx.datasets",
+        "dflash_mlx.install",
     ),
     ("dflash_mlx.cpu",),
     ("dflash_mlx.backend",),

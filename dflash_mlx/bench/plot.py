@@ -13,7 +13,7 @@ def write_plot(records: list[Record], summary: dict, path) -> None:
         import matplotlib.pyplot as plt
     except ImportError as e:
         raise ValueError(
-            "--plot needs matplotlib: pip install 'dflash-mlx[plot]'."
+            "--plot needs matplotlib: pip install 'mlx-dflash[plot]'."
         ) from e
     rows = [r for r in summary["rows"] if r["dataset"] == "all"] or summary["rows"]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(13, 4.5))
