@@ -91,7 +91,7 @@ def test_missing_serve_extra_says_how_to_install_it():
     )
     assert r.returncode == 1
     said = " ".join(r.stdout.split())  # Rich wraps long lines
-    assert "pip install 'dflash-mlx[serve]'" in said and "Traceback" not in r.stderr
+    assert "pip install fastapi uvicorn" in said and "Traceback" not in r.stderr
 
 
 def test_a_busy_port_fails_before_loading_anything():

@@ -2,18 +2,19 @@
 
 A thin layer over the engine: `scheduler` owns every MLX call on one thread and speaks
 token ids; the route modules turn HTTP requests into token ids and blocks of committed
-ids back into each API's wire format. Needs the `serve` extra (FastAPI, uvicorn,
-pydantic, prometheus-client): `pip install 'dflash-mlx[serve]'`. May import anything
-of the library below the commands (the text API, loading, the engine, models, base
-modules); never bench/, chat/, train/ or cli/.
+ids back into each API's wire format. Needs FastAPI, uvicorn, pydantic and
+prometheus-client (dependencies of the install; `require_serve_extra` names the fix
+where one is missing anyway). May import anything of the library below the commands
+(the text API, loading, the engine, models, base modules); never bench/, chat/, train/
+or cli/.
 """
 
-SERVE_EXTRA_FIX = "pip install 'dflash-mlx[serve]'"
+SERVE_EXTRA_FIX = "pip install fastapi uvicorn pydantic prometheus-client"
 _SERVE_MODULES = ("fastapi", "uvicorn", "pydantic", "prometheus_client")
 
 
 class MissingExtra(RuntimeError):
-    """The serve extra is not installed; the message says how to install it."""
+    """A server dependency is missing; the message says how to install it."""
 
 
 def require_serve_extra():
