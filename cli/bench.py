@@ -193,7 +193,9 @@ def _execute(out, ui, opts, config, samples, ids, engines, group) -> int:
     from dflash_mlx import bench, load, load_draft
 
     from .ranks import describe
+    from .session import warn_without_compiler
 
+    warn_without_compiler()
     if group is not None:
         import mlx.core as mx
 

@@ -1,4 +1,7 @@
-"""Loading a chat session for `chat` and `generate`: names → models → a warm session."""
+"""Loading a chat session for `chat` and `generate`: names → models → a warm session;
+the warm-up `serve` shares, and the one warning about slow CPU kernels."""
+
+from functools import cache
 
 
 def open_session(
@@ -23,6 +26,7 @@ def open_session(
     from dflash_mlx.chat import ChatSession
     from dflash_mlx.loading.resolve import resolve_models
 
+    warn_without_compiler()
     model, draft, note = resolve_models(model, draft, no_draft)
     with status(model) if status else nullcontext():
         target, tokenizer = load(model, distributed=distributed)
@@ -83,8 +87,33 @@ def _warm_up(target, tokenizer, drafter, timings=None):
     from dflash_mlx import stream_generate
     from dflash_mlx.engine.calibrate import calibrate
 
+    warn_without_compiler()
     if drafter is not None:
         return calibrate(target, drafter, tokenizer, timings=timings)
     for _ in stream_generate(target, None, tokenizer, "Hello", max_tokens=2):
         pass
     return None
+
+
+@cache
+def warn_without_compiler():
+    """Once per process, on a Linux CPU with no C++ compiler: the native kernels
+    (dflash_mlx/cpu/native) cannot be built, so the CPU keeps MLX's matmuls; say what
+    to install (`doctor` says it too)."""
+    import sys
+
+    import mlx.core as mx
+
+    if not sys.platform.startswith("linux") or mx.default_device() != mx.cpu:
+        return
+    from dflash_mlx.cpu import native
+
+    if native.compiler() is None:
+        from . import ui
+
+        ui.warning(
+            ui.console(stderr=True),
+            "no C++ compiler found, so the native CPU kernels cannot be built and "
+            "decoding is up to 1.5x slower. Install one (Debian/Ubuntu: `sudo "
+            "apt-get install g++`, or build-essential); they build on first use.",
+        )

@@ -81,3 +81,23 @@ def test_version():
     # pyproject.toml reads dflash_mlx.__version__: one place
     assert metadata.version("mlx-dflash") == dflash_mlx.__version__
 
+
+def test_one_warning_without_a_compiler(monkeypatch, capsys):
+    """No C++ compiler on a Linux CPU: the commands that decode say once what to
+    install (the native kernels cannot be built; MLX's matmuls are kept)."""
+    import mlx.core as mx
+
+    from dflash_mlx.cli import session
+    from dflash_mlx.cpu import native
+
+    if not sys.platform.startswith("linux") or mx.default_device() != mx.cpu:
+        pytest.skip("the native kernels are built on a Linux CPU only")
+    monkeypatch.setattr(native, "COMPILERS", ("no-such-compiler-here",))
+    session.warn_without_compiler.cache_clear()
+    try:
+        session.warn_without_compiler()
+        session.warn_without_compiler()
+    finally:
+        session.warn_without_compiler.cache_clear()
+    err = capsys.readouterr().err
+    assert err.count("warning: no C++ compiler") == 1 and "apt-get install g++" in err

@@ -67,6 +67,11 @@ def load() -> ModuleType | None:
     return _loaded()[0]
 
 
+def compiler() -> str | None:
+    """The C++ compiler the build would use, or None where there is none."""
+    return next(filter(None, map(shutil.which, COMPILERS)), None)
+
+
 @cache
 def _loaded() -> tuple[ModuleType | None, str]:
     """Built, imported and checked once per process: (module or None, status)."""
@@ -86,8 +91,8 @@ class _Unavailable(Exception):
 def _load() -> ModuleType:
     if sys.platform != "linux":
         raise _Unavailable("MLX's matmul (native kernels are built on Linux only)")
-    compiler = next(filter(None, map(shutil.which, COMPILERS)), None)
-    if compiler is None:
+    cxx = compiler()
+    if cxx is None:
         raise _Unavailable("MLX's matmul (no C++ compiler: install g++)")
     python_include = Path(sysconfig.get_paths()["include"])
     if not (python_include / "Python.h").is_file():
@@ -101,7 +106,7 @@ def _load() -> ModuleType:
         raise _Unavailable(
             "MLX's matmul (nanobind is missing: pip install 'nanobind>=3')"
         ) from None
-    folder = _cache_folder(compiler, nanobind.__version__)
+    folder = _cache_folder(cxx, nanobind.__version__)
     binary = folder / (MODULE + sysconfig.get_config_var("EXT_SUFFIX"))
     failed = folder / "build-failed.txt"
     if not binary.is_file():
@@ -109,7 +114,7 @@ def _load() -> ModuleType:
         with open(folder / ".lock", "w") as lock:  # one build at a time (ranks, tests)
             fcntl.flock(lock, fcntl.LOCK_EX)
             if not binary.is_file() and not failed.is_file():
-                _build(compiler, nanobind, python_include, binary, failed)
+                _build(cxx, nanobind, python_include, binary, failed)
                 prune_builds(folder.parent, keep=folder)
     if failed.is_file():
         raise _Unavailable(
