@@ -89,16 +89,20 @@ def generate(
     if as_json:
         sampling = {"temperature": temp, "top_p": top_p, "top_k": top_k, "seed": seed}
         record = _record(session, note, text, stats, sampling)
-        record["tokens"] = tokens
-        record["distributed"] = describe(group)
-        if exact is not None:
-            record["exactness"] = exact.to_dict()
-        sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
+        _print_json(record, tokens, describe(group), exact)
     else:
         sys.stdout.write("\n")
         ui.generate_stats(err, stats, note)
     if exact is not None:
         _report(err, exact)
+
+
+def _print_json(record: dict, tokens: list[int], distributed, exact):
+    """The --json record on stdout, with the tokens and what ran them."""
+    record.update(tokens=tokens, distributed=distributed)
+    if exact is not None:
+        record["exactness"] = exact.to_dict()
+    sys.stdout.write(json.dumps(record, ensure_ascii=False) + "\n")
 
 
 def _check_options(check: bool, temp: float, group):

@@ -150,19 +150,12 @@ def serve(
     ),
 ):
     """Serve the model over HTTP (OpenAI, Anthropic and Responses APIs)."""
-    from dflash_mlx.serve import MissingExtra, require_serve_extra
     from dflash_mlx.serve.config import ServeConfig
 
     from . import ui
-    from .ranks import join
 
     out = ui.console()
-    try:
-        require_serve_extra()
-        group = join(pipeline)
-    except (MissingExtra, ValueError) as e:
-        ui.error(out, str(e))
-        raise typer.Exit(1) from None
+    group = _join(out, pipeline)
     size = parse_block_size(block_size) or "auto"
     cache = _engine_options(
         prompt_cache_bytes, prompt_cache_dir, prompt_cache_disk_bytes, group
@@ -210,6 +203,22 @@ def serve(
     finally:
         sock.close()
     ui.info(out, "Server stopped.")
+
+
+def _join(out, pipeline: bool):
+    """The ranks' group (None for one process), once the serve extra is known to be
+    installed; a clean exit otherwise."""
+    from dflash_mlx.serve import MissingExtra, require_serve_extra
+
+    from . import ui
+    from .ranks import join
+
+    try:
+        require_serve_extra()
+        return join(pipeline)
+    except (MissingExtra, ValueError) as e:
+        ui.error(out, str(e))
+        raise typer.Exit(1) from None
 
 
 def _memory_budget(text: str) -> int:
