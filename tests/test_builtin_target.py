@@ -4,6 +4,7 @@ Nothing here reaches the network: every index is a server on 127.0.0.1."""
 
 import hashlib
 import http.server
+import importlib.util
 import json
 import os
 import socket
@@ -152,6 +153,9 @@ def _pip_offline_env(monkeypatch, index: str):
     monkeypatch.setenv("PIP_NO_CACHE_DIR", "1")
 
 
+@pytest.mark.skipif(
+    importlib.util.find_spec("pip") is None, reason="this interpreter has no pip"
+)
 def test_with_pip_from_its_configured_index(index, tmp_path, monkeypatch, capfd):
     url, handler, _ = index
     _pip_offline_env(monkeypatch, url)
