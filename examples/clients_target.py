@@ -1,5 +1,5 @@
 """A tiny target and drafter for `examples/clients_check.sh`: the scripted agent model
-of tests/scripted_agent.py (Qwen3's tokenizer and template, a 64K context), which
+of examples/scripted_agent.py (Qwen3's tokenizer and template, a 64K context), which
 thinks, calls the given tool when the request declares tools, and answers "It is
 sunny." once the tool's result is back.
 
@@ -14,10 +14,10 @@ import json
 import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+sys.path.insert(0, str(Path(__file__).parent))
 
+from random_pair import make_draft  # noqa: E402
 from scripted_agent import make_scripted_target  # noqa: E402
-from tiny import make_draft  # noqa: E402
 
 
 def main():
@@ -35,9 +35,7 @@ def main():
     args = p.parse_args()
     call = (args.call[0], json.loads(args.call[1]))
     target = make_scripted_target(args.out / "target", args.style, call, args.context)
-    make_draft(
-        args.out / "draft", target, num_layers=1, max_position_embeddings=args.context
-    )
+    make_draft(args.out / "draft", target, layers=1)  # the target's context
     print(target, args.out / "draft")
 
 

@@ -1,10 +1,10 @@
 """A tiny llama target that answers like an agent's model: it thinks, calls a tool when
 the prompt declares tools, and answers once the tool's result is back. For tool round
 trips through the real engine, the server and real agent clients
-(examples/clients_check.sh).
+(examples/clients_check.sh, and the suite's tool and client tests).
 
-The tokenizer is Qwen3's own (tests/assets/qwen3), so prompts cost what they cost on a
-Qwen model, with the script's phrases added as whole tokens. Two chat templates:
+The tokenizer is Qwen3's own (examples/assets/qwen3), so prompts cost what they cost
+on a Qwen model, with the script's phrases added as whole tokens. Two chat templates:
 
 - "qwen3": Qwen3's own template: tools as `<tools>` JSON in the system prompt, calls
   as `<tool_call>` JSON (mlx-lm's `json_tools` parser), results in `<tool_response>`,
@@ -213,15 +213,3 @@ def make_scripted_target(
     mx.save_safetensors(str(path / "model.safetensors"), weights)
     (path / "config.json").write_text(json.dumps(config, indent=2))
     return path
-
-
-def agent_pair(folder: Path, style: str = "qwen3") -> tuple[Path, Path]:
-    """(target, drafter) folders of the `style` target in `folder`, built once."""
-    from tiny import make_draft
-
-    target, draft = folder / f"agent-{style}", folder / f"agent-{style}-draft"
-    if not (target / "config.json").exists():  # written last
-        make_scripted_target(target, style)
-    if not (draft / "config.json").exists():
-        make_draft(draft, target, num_layers=1, max_position_embeddings=65536)
-    return target, draft

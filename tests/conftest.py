@@ -5,8 +5,11 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
+# the examples' scripted agent (examples/scripted_agent.py) is tested here too
+sys.path.insert(1, str(Path(__file__).resolve().parents[1] / "examples"))
 
 import tiny  # noqa: E402
+from caches import with_native_builds  # noqa: E402
 
 from dflash_mlx import backend  # noqa: E402
 
@@ -92,9 +95,11 @@ def kernels_args(request) -> list[str]:
 @pytest.fixture(scope="session", autouse=True)
 def user_cache(tmp_path_factory):
     """The suite's own user cache (block timings, the unpacked default drafter), so
-    tests never read or leave files in the real one; CLI subprocesses inherit it."""
+    tests never read or leave files in the real one; CLI subprocesses inherit it.
+    Only the native kernels' builds are shared between runs (caches.py)."""
     saved = os.environ.get("XDG_CACHE_HOME")
-    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("user-cache"))
+    fresh = with_native_builds(tmp_path_factory.mktemp("user-cache"))
+    os.environ["XDG_CACHE_HOME"] = str(fresh)
     yield Path(os.environ["XDG_CACHE_HOME"])
     if saved is None:
         del os.environ["XDG_CACHE_HOME"]

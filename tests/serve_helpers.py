@@ -2,6 +2,7 @@
 
 import threading
 import time
+from pathlib import Path
 
 from oracles import OracleDraft
 
@@ -110,3 +111,17 @@ def copy_weights(double, draft):
     """`double` (a drafter test double) with `draft`'s weights."""
     double.update(draft.parameters())
     return double
+
+
+def agent_pair(folder: Path, style: str = "qwen3") -> tuple[Path, Path]:
+    """(target, drafter) folders of the scripted agent in `style`
+    (examples/scripted_agent.py) in `folder`, built once."""
+    from scripted_agent import make_scripted_target
+    from tiny import make_draft
+
+    target, draft = folder / f"agent-{style}", folder / f"agent-{style}-draft"
+    if not (target / "config.json").exists():  # written last
+        make_scripted_target(target, style)
+    if not (draft / "config.json").exists():
+        make_draft(draft, target, num_layers=1, max_position_embeddings=65536)
+    return target, draft

@@ -10,6 +10,7 @@ import sys
 import pexpect
 import pytest
 import scripted
+from caches import with_native_builds
 
 PROMPT = ">>> "
 TIMEOUT = 60
@@ -49,7 +50,7 @@ def spawn(*args, cache=None):
     # a pseudo-terminal does not answer the editor's cursor position requests
     env["PROMPT_TOOLKIT_NO_CPR"] = "1"
     if cache is not None:
-        env["XDG_CACHE_HOME"] = str(cache)
+        env["XDG_CACHE_HOME"] = str(with_native_builds(cache))
     child = pexpect.spawn(
         sys.executable,
         ["-m", "dflash_mlx.cli.main", "chat", *map(str, args)],
@@ -91,6 +92,7 @@ def command(child, line, expected):
     child.expect_exact(PROMPT)
 
 
+@pytest.mark.slow
 def test_chat_session_in_a_terminal(paths, tmp_path):
     t, d = paths
     child = spawn("-m", t, "-d", d, "-n", 2000)
@@ -196,6 +198,7 @@ def test_a_non_utf8_message_is_refused_and_the_chat_goes_on(paths):
     assert child.exitstatus == 0
 
 
+@pytest.mark.slow
 def test_history_paste_and_a_second_session(paths, tmp_path):
     t, d = paths
     cache = tmp_path / "cache"

@@ -16,7 +16,7 @@ from lossless import plain
 
 from dflash_mlx import load
 
-pytestmark = launcher.needs_two_ranks
+pytestmark = [launcher.needs_two_ranks, pytest.mark.slow]  # make test-all
 PROMPT = [5, 17, 99, 3, 42]
 BLOCK_SIZES = [1, 4, 8, 16, "auto"]
 # drafters that accept partly (every block size), fully, not at all, and a random one

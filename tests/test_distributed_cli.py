@@ -13,7 +13,7 @@ import launcher
 import pytest
 import tiny
 
-pytestmark = launcher.needs_two_ranks
+pytestmark = [launcher.needs_two_ranks, pytest.mark.slow]  # make test-all
 CLI = str(Path(sys.executable).with_name("dflash-mlx"))
 ENV = {**os.environ, "DFLASH_MLX_NO_REEXEC": "1"}
 

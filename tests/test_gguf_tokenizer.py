@@ -68,9 +68,9 @@ def _qwen3_hf():
     from tokenizers import Tokenizer
     from transformers import PreTrainedTokenizerFast
 
-    with gzip.open(tiny.ASSETS / "qwen3" / "tokenizer.json.gz") as f:
+    with gzip.open(tiny.QWEN3 / "tokenizer.json.gz") as f:
         spec = f.read().decode()
-    config = json.loads((tiny.ASSETS / "qwen3" / "tokenizer_config.json").read_text())
+    config = json.loads((tiny.QWEN3 / "tokenizer_config.json").read_text())
     hf = PreTrainedTokenizerFast(
         tokenizer_object=Tokenizer.from_str(spec), eos_token="<|im_end|>"
     )

@@ -213,7 +213,9 @@ def _exact3(model, prompt, params):
     return exact
 
 
-@pytest.mark.parametrize("source", ["lookup", "splice"])
+@pytest.mark.parametrize(
+    "source", [pytest.param("lookup", marks=pytest.mark.slow), "splice"]
+)
 def test_sampled_copies_keep_the_target_distribution(loaded, source):
     """Unseeded rejection sampling: copies accepted with p(d), rejected ones resampled
     from p without d; in a splice the drafter's drafts after the copy keep their q.

@@ -477,6 +477,7 @@ def test_a_half_precision_drafter_keeps_its_projections_half(tiny_pair):
 
 @pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
 @pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 vector widths")
+@pytest.mark.slow
 def test_the_avx2_build_passes_its_self_check(tmp_path, monkeypatch):
     """CPUs of one name differ (AVX-512 or AVX2 only): the 8-lane build, which an
     AVX2 machine compiles, must work too; built here for Haswell and checked against

@@ -122,6 +122,7 @@ def _solo_answers(model, tok, draft, prompts):
     return [reference(model, draft, tok, tok.encode(p), N)[1] for p in prompts]
 
 
+@pytest.mark.slow
 def test_a_soak_of_clients_that_cancel_disconnect_and_sample(hybrid):
     """16 clients for ~40 s: greedy and sampled requests of mixed lengths, some
     streams dropped midway, some non-streaming clients giving up. No error a request

@@ -1,7 +1,7 @@
 """serve: requests exactly as real agent clients send them (tests/assets/clients:
 captured from Claude Code, Codex, Continue, llm and aider against this server, then
 trimmed), through a target that thinks, calls a tool and answers once the result is
-back (tests/scripted_agent.py), in Qwen3's and Qwen3.5's template styles. Per client:
+back (examples/scripted_agent.py), in Qwen3's and Qwen3.5's template styles. Per client:
 its tool definitions -> prompt -> streamed tool call -> its own tool result -> answer.
 """
 
@@ -13,7 +13,7 @@ import httpx
 import pytest
 import scripted_agent
 from scripted_agent import ANSWER, THINK
-from serve_helpers import LiveServer, sse_events
+from serve_helpers import LiveServer, agent_pair, sse_events
 
 from dflash_mlx import load, load_draft
 
@@ -33,7 +33,7 @@ def second_turn(client: str, turn: str = "") -> dict:
 
 @pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
 def server(request, models_dir):
-    t, d = scripted_agent.agent_pair(models_dir, request.param)
+    t, d = agent_pair(models_dir, request.param)
     model, tokenizer = load(str(t))
     with LiveServer(model, tokenizer, load_draft(str(d)), model_id="agent") as s:
         yield s

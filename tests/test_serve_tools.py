@@ -1,5 +1,5 @@
 """serve: tool calls and reasoning, parsed by mlx-lm's own tool parsers and thinking
-markers, from a scripted target (tests/scripted_agent.py) through the real engine, in
+markers, from a scripted target (examples/scripted_agent.py) through the real engine, in
 both template styles: Qwen3's (`<tool_call>` JSON) and Qwen3.5's (`<function=...>` XML,
 `<think>` opened by the prompt). Each API round-trips: tools -> streamed call -> the
 tool's result -> the answer."""
@@ -12,7 +12,7 @@ import openai
 import pytest
 import scripted_agent
 from scripted_agent import ANSWER, THINK
-from serve_helpers import LiveServer, sse_events
+from serve_helpers import LiveServer, agent_pair, sse_events
 
 from dflash_mlx import load, load_draft
 
@@ -36,7 +36,7 @@ NAME, CALL = scripted_agent.CALL
 
 @pytest.fixture(scope="module", params=["qwen3", "qwen3_5"])
 def server(request, models_dir):
-    t, d = scripted_agent.agent_pair(models_dir, request.param)
+    t, d = agent_pair(models_dir, request.param)
     model, tokenizer = load(str(t))
     assert tokenizer.has_tool_calling and tokenizer.has_thinking
     with LiveServer(model, tokenizer, load_draft(str(d))) as s:

@@ -9,6 +9,8 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map
 
 ASSETS = Path(__file__).parent / "assets"
+# Qwen3's real tokenizer and template, shared with the examples' scripted agent
+QWEN3 = Path(__file__).resolve().parents[1] / "examples" / "assets" / "qwen3"
 BYTE_VOCAB = 272  # 256 bytes + specials, rounded up
 
 _COMMON = dict(
@@ -267,11 +269,9 @@ def byte_tokenizer(path: Path):
 
 def qwen3_tokenizer(path: Path):
     path.mkdir(parents=True, exist_ok=True)
-    with gzip.open(ASSETS / "qwen3" / "tokenizer.json.gz") as f:
+    with gzip.open(QWEN3 / "tokenizer.json.gz") as f:
         (path / "tokenizer.json").write_bytes(f.read())
-    shutil.copy(
-        ASSETS / "qwen3" / "tokenizer_config.json", path / "tokenizer_config.json"
-    )
+    shutil.copy(QWEN3 / "tokenizer_config.json", path / "tokenizer_config.json")
 
 
 def _sharpen(model, scale: float):
