@@ -508,10 +508,11 @@ def test_the_wheel_carries_every_source_the_build_reads():
     """An installed (non-editable) package builds from its package data alone."""
     pyproject = (Path(native.__file__).parents[3] / "pyproject.toml").read_text()
     table = pyproject.split("[tool.setuptools.package-data]", 1)[1]
-    globs = ast.literal_eval(re.search(r"dflash_mlx = (\[.*?\])", table).group(1))
+    found = re.search(r'"dflash_mlx.cpu.native" = (\[.*?\])', table)
+    assert found, "pyproject.toml lists no package data for dflash_mlx.cpu.native"
+    globs = ast.literal_eval(found.group(1))
     for source in (*native.FOLDER.glob("*.cpp"), *native.FOLDER.glob("*.h")):
-        name = f"cpu/native/{source.name}"
-        assert any(fnmatch.fnmatch(name, g) for g in globs), name
+        assert any(fnmatch.fnmatch(source.name, g) for g in globs), source.name
 
 
 @pytest.mark.skipif(not BUILDABLE, reason="needs Linux, a C++ compiler, Python.h")
