@@ -77,6 +77,32 @@ def test_weights_that_do_not_match_config(tmp_path, target):
         load_draft(str(d))
 
 
+@pytest.mark.parametrize(
+    "field, value, tensor",
+    [
+        ("intermediate_size", 96, "layers.0.mlp.down_proj.weight"),
+        ("num_key_value_heads", 4, "layers.0.self_attn.k_proj.weight"),
+    ],
+)
+def test_an_edited_config_names_the_field_and_the_tensor(
+    tmp_path, target, field, value, tensor
+):
+    d = tiny.make_draft(tmp_path / "d", target)
+    config = json.loads((d / "config.json").read_text())
+    stored = config[field]
+    config[field] = value
+    (d / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ValueError) as e:
+        load_draft(str(d))
+    message = str(e.value)
+    assert f"tensor {tensor} is stored as" in message
+    assert f"{field}" in message and str(value) in message
+    assert "Restore the drafter's original config.json" in message
+    config[field] = stored  # restored, it loads
+    (d / "config.json").write_text(json.dumps(config))
+    load_draft(str(d))
+
+
 def test_unsupported_drafter_architecture(tmp_path, target):
     d = tiny.make_draft(tmp_path / "d", target)
     cfg = json.loads((d / "config.json").read_text())

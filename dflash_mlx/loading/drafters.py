@@ -104,7 +104,43 @@ def _load_drafter_weights(model: draft_module.Model, path: Path, what: str):
     try:
         model.load_weights(list(weights.items()))
     except ValueError as e:
-        raise ValueError(f"{what} weights do not match its config ({e}).") from e
+        raise ValueError(_shape_mismatch(model, weights, what) or str(e)) from e
+
+
+def _shape_mismatch(model: draft_module.Model, weights: dict, what: str) -> str | None:
+    """Which tensor's shape disagrees with the config, and which config field sets
+    the dimension that differs (None if no shape differs)."""
+    expected = dict(tree_flatten(model.parameters()))
+    for name, stored in sorted(weights.items()):
+        want = expected[name].shape
+        if tuple(stored.shape) == tuple(want) or len(stored.shape) != len(want):
+            continue
+        axis = next(i for i, n in enumerate(want) if n != stored.shape[i])
+        fields = [k for k, v in _config_dims(model.args).items() if v == want[axis]]
+        said = " or ".join(fields) if fields else "the config"
+        return (
+            f"{what}: tensor {name} is stored as {tuple(stored.shape)}, but its "
+            f"config.json makes it {tuple(want)} ({said} = {want[axis]}; the weights "
+            f"have {stored.shape[axis]}). Restore the drafter's original config.json "
+            "(or set that field to what the weights have), or download it again."
+        )
+    return None
+
+
+def _config_dims(args: draft_module.ModelArgs) -> dict[str, int]:
+    """The config's sizes, and the products of them that weight shapes use."""
+    dims = {k: v for k, v in vars(args).items() if type(v) is int}
+    heads, kv, head_dim = (
+        args.num_attention_heads,
+        args.num_key_value_heads,
+        args.head_dim,
+    )
+    dims["num_attention_heads × head_dim"] = heads * (head_dim or 0)
+    dims["num_key_value_heads × head_dim"] = kv * (head_dim or 0)
+    dims["len(target_layer_ids) × hidden_size"] = (
+        len(args.target_layer_ids) * args.hidden_size
+    )
+    return dims
 
 
 def _drafter_dtype(model: draft_module.Model, kernels):
