@@ -51,7 +51,7 @@ test-all: setup
 # The lossless core again on MLX's generic kernels, the ones a Mac's GPU runs (the list
 # is LOSSLESS_CORE in tests/conftest.py).
 test-generic: setup
-	LD_PRELOAD="$(OPENBLAS_LIB)" $(BIN)/python -m pytest --kernels=mlx -q
+	LD_PRELOAD="$(OPENBLAS_LIB)" $(BIN)/python -m pytest $(XDIST) --kernels=mlx -q
 
 # Lint, format and import order (ruff), then types (mypy); config in pyproject.toml.
 lint: setup
