@@ -2,6 +2,7 @@
 
 import mlx.core as mx
 
+from .. import __version__
 from ..backend import cpu_name, detect_blas
 
 # the AVX-512 subsets that OpenBLAS's oldest AVX-512 kernels (SkylakeX) need
@@ -94,7 +95,7 @@ def environment(model=None, draft=None, model_id: str = "", draft_id: str = "") 
         python=platform.python_version(),
         mlx=_version("mlx"),
         mlx_lm=_version("mlx-lm"),
-        dflash_mlx=_version("dflash-mlx"),
+        dflash_mlx=__version__,
         model=model_id,
         draft=draft_id,
     )
