@@ -1,0 +1,204 @@
+"""Agent-length context: DFlash against plain decoding, prompt length by prompt length.
+
+    python examples/long_context.py                          # the built-in pair, to 7K
+    python examples/long_context.py --lengths 2048,8192,32768 --model M --draft D
+    python examples/long_context.py --pair tiny --lengths 2048,16384,65536
+
+Prompts are agent-shaped (dflash_mlx/bench/agent_prompts.py: tool docs, files read,
+tool results, then a request that restates a file ("edit") or answers in prose), built
+to each length with the model's own tokenizer. Per length and kind, each engine (mlx-lm,
+this package's plain decoding, DFlash auto) decodes greedily once after a warm-up:
+time to first token and prefill tok/s, decode tok/s, tau and blocks by source, peak
+memory, and whether its tokens equal mlx-lm's. Per length also: the drafter's forward
+(one block) and the target's verify of a block against one decoding step, at that
+context. `--pair tiny` is a random 64K-context pair (random_pair.py): mechanics and
+costs only, no acceptance. One table, then one JSON line. Say which CPU ran it
+(printed first).
+"""
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import mlx.core as mx
+
+from dflash_mlx import load, load_draft
+from dflash_mlx.bench import (
+    chat_ids,
+    dflash_engine,
+    environment,
+    measure,
+    mlx_lm_engine,
+    plain_engine,
+)
+from dflash_mlx.bench.agent_prompts import KINDS, agent_prompt
+
+
+def _load(args):
+    if args.pair == "tiny":
+        from random_pair import make_pair
+
+        folder = Path(tempfile.mkdtemp(prefix="long-context-"))
+        t, d = make_pair(
+            folder, "qwen3", hidden=256, layers=8, max_position_embeddings=70000
+        )
+        return (*load(str(t)), load_draft(str(d)))
+    model, tok = load(args.model)
+    return model, tok, load_draft(args.draft, target=model)
+
+
+def _timed(fn, reps: int = 5) -> float:
+    """Median milliseconds of `fn()` (which evaluates its own result)."""
+    fn()
+    times = []
+    for _ in range(reps):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def block_costs(model, draft, ids: list[int]) -> dict:
+    """At this context: the drafter's forward on one block, the target's forward on
+    one token and on one block (then rolled back), in ms."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from dflash_mlx.models.target import Target
+
+    B = draft.args.block_size
+    cache = make_prompt_cache(model)
+    for i in range(0, len(ids), 2048):  # prefill as the engine does: chunked
+        model(mx.array([ids[i : i + 2048]]), cache=cache)
+        mx.eval([c.state for c in cache])
+
+    def forward(n):
+        mx.eval(model(mx.array([ids[-n:]]), cache=cache))
+        for c in cache:
+            c.trim(n)
+
+    target = Target(model, draft.args.target_layer_ids)
+    dcache = draft.make_cache()
+    width = len(draft.args.target_layer_ids) * target.hidden_size
+    for i in range(0, len(ids), 2048):
+        n = min(2048, len(ids) - i)
+        draft.absorb(mx.random.normal((1, n, width)) * 0.1, dcache)
+        mx.eval([c.state for c in dcache])
+    block = target.embed(mx.array([ids[-B:]]))
+
+    def draft_forward():
+        mx.eval(draft(block, dcache))
+
+    return dict(
+        draft_ms=_timed(draft_forward),
+        step_ms=_timed(lambda: forward(1)),
+        verify_ms=_timed(lambda: forward(B)),
+        block=B,
+    )
+
+
+def _row(r: dict, ids: list[int], baseline: list[int]) -> dict:
+    """One engine's measurement (bench.measure) as a table row."""
+    taus, sources = r["accept_lengths"], r["sources"]
+    return dict(
+        prompt_tokens=len(ids),
+        ttft_s=r["ttft_s"],
+        prefill_tps=len(ids) / r["ttft_s"],
+        decode_tps=r["decode_tps"],
+        tokens=r["tokens"],
+        tau=statistics.fmean(taus) if taus else None,
+        sources={s or "plain": sources.count(s) for s in set(sources)},
+        peak_gb=r["peak_memory_gb"],
+        same_as_mlx_lm=r["output"] == baseline,
+    )
+
+
+def run_length(engines, tok, model, draft, length, args) -> list[dict]:
+    """Every kind of prompt at `length` tokens under every engine (mlx-lm first: the
+    tokens the others must equal), and the block costs at that context."""
+    count = lambda s: len(tok.encode(s, add_special_tokens=False))  # noqa: E731
+    rows, costs = [], None
+    for kind in args.kinds:
+        prompt = agent_prompt(count, length, kind)
+        ids = chat_ids(tok, [{"role": "user", "content": prompt}], False)
+        costs = costs or block_costs(model, draft, ids)
+        baseline = None
+        for name, engine in engines.items():
+            r = measure(engine, ids, args.max_tokens, "auto")
+            baseline = r["output"] if baseline is None else baseline
+            info = dict(length=length, kind=kind, engine=name, **costs)
+            rows.append(info | _row(r, ids, baseline))
+    return rows
+
+
+def print_table(rows: list[dict]):
+    head = "length kind  engine  prompt  TTFT s  prefill/s  decode/s  ratio  tau  "
+    print(head + "blocks (source)            peak GB  same")
+    plain = {(r["length"], r["kind"]): r["decode_tps"] for r in rows if r["engine"]
+             == "plain"}  # fmt: skip
+    for r in rows:
+        ratio = r["decode_tps"] / plain[(r["length"], r["kind"])]
+        tau = f"{r['tau']:.2f}" if r["tau"] else "  - "
+        src = ",".join(f"{k}:{v}" for k, v in sorted(r["sources"].items())) or "-"
+        print(
+            f"{r['length']:>6} {r['kind']:5} {r['engine']:7} {r['prompt_tokens']:>6} "
+            f"{r['ttft_s']:>6.2f} {r['prefill_tps']:>9.0f} {r['decode_tps']:>9.1f} "
+            f"{ratio:>5.2f} {tau:>4} {src:26} {r['peak_gb']:>6.2f}  "
+            f"{r['same_as_mlx_lm']}"
+        )
+    print("\nlength  drafter ms/block  target ms/step  verify ms/block (B)")
+    for length in dict.fromkeys(r["length"] for r in rows):
+        r = next(x for x in rows if x["length"] == length)
+        print(f"{length:>6} {r['draft_ms']:>17.1f} {r['step_ms']:>15.1f} "
+              f"{r['verify_ms']:>16.1f} ({r['block']})")  # fmt: skip
+
+
+def main():
+    if sys.platform.startswith("linux"):  # as the CLI: OpenBLAS, freed memory kept
+        from dflash_mlx.cpu.blas import ensure_fast_blas
+        from dflash_mlx.heap import keep_freed_memory
+
+        ensure_fast_blas()
+        keep_freed_memory()
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--pair", choices=["given", "tiny"], default="given")
+    p.add_argument("--model", default=None, help="target (default: built-in)")
+    p.add_argument("--draft", default=None, help="drafter (default: the registry's)")
+    p.add_argument("--lengths", default=None, help="prompt tokens, comma-separated")
+    p.add_argument("--kinds", default=",".join(KINDS))
+    p.add_argument("--max-tokens", type=int, default=128)
+    p.add_argument("--engines", default="mlx-lm,plain,dflash")
+    args = p.parse_args()
+    args.kinds = args.kinds.split(",")
+    model, tok, draft = _load(args)
+    context = getattr(model.args, "max_position_embeddings", None) or 8192
+    lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else [
+        n for n in (2048, 4096, 7168, 16384, 32768, 65536) if n < context]  # fmt: skip
+    lengths = [n for n in lengths if n + args.max_tokens <= context]
+    from mlx_lm.sample_utils import make_sampler
+
+    every = {
+        "mlx-lm": mlx_lm_engine(model, tok, make_sampler(0.0)),
+        "plain": plain_engine(model, tok),
+        "dflash": dflash_engine(model, draft, tok),
+    }
+    engines = {k: every[k] for k in args.engines.split(",")}
+    env = environment(model, draft)
+    print(f"CPU {env['cpu']} ({env['cpu_vectors']}), {env['device']}, BLAS "
+          f"{env['blas']}; context {context}; lengths {lengths}")  # fmt: skip
+    warm = chat_ids(tok, [{"role": "user", "content": "Say hello."}], False)
+    for engine in engines.values():
+        for _ in engine(warm, 16, "auto"):
+            pass
+    rows = []
+    for length in lengths:
+        rows += run_length(engines, tok, model, draft, length, args)
+    print_table(rows)
+    print(json.dumps(dict(environment=env, rows=rows)))
+
+
+if __name__ == "__main__":
+    main()
