@@ -4,6 +4,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 from oracles import OracleDraft
 
 from dflash_mlx.generate import stream_generate
@@ -125,3 +126,69 @@ def agent_pair(folder: Path, style: str = "qwen3") -> tuple[Path, Path]:
     if not (draft / "config.json").exists():
         make_draft(draft, target, num_layers=1, max_position_embeddings=65536)
     return target, draft
+
+
+class PrefillGate:
+    """Holds every prompt's prefill before its second chunk while closed (the engine
+    thread waits there, 10 s at most): a test sees what a client gets mid-prefill,
+    then opens it. Open at first."""
+
+    def __init__(self, engine):
+        self.opened = threading.Event()
+        self.opened.set()
+        self._prefill = engine.prefill
+        engine.prefill = self  # this engine's own attribute: the scheduler calls it
+
+    def __call__(self, seq):
+        assert seq.cache is not None
+        if len(seq.cache.tokens) > seq.reused and not self.opened.wait(10):
+            self.opened.set()  # nobody opened it: the test fails on its own
+        return self._prefill(seq)
+
+    def close(self):
+        self.opened.clear()
+
+    def open(self):
+        self.opened.set()
+
+
+class Tee:
+    """Keeps the raw bytes of every response a client it made reads, and opens `gate`
+    as soon as `marker` went by (a keep-alive reached the client)."""
+
+    def __init__(self, gate: PrefillGate, marker: bytes):
+        self.gate, self.marker, self.raw = gate, marker, b""
+
+    def seen(self, chunk: bytes):
+        self.raw += chunk
+        if self.marker in self.raw:
+            self.gate.open()
+
+    def client(self, http=httpx):
+        """An `http.Client` that reads through this tee (`http`: httpx, or httpx2
+        for the anthropic SDK)."""
+        tee = self
+
+        class Stream(http.SyncByteStream):
+            def __init__(self, inner):
+                self.inner = inner
+
+            def __iter__(self):
+                for chunk in self.inner:
+                    tee.seen(chunk)
+                    yield chunk
+
+            def close(self):
+                self.inner.close()
+
+        class Transport(http.HTTPTransport):
+            def handle_request(self, request):
+                response = super().handle_request(request)
+                return http.Response(
+                    response.status_code,
+                    headers=response.headers,
+                    stream=Stream(response.stream),
+                    extensions=response.extensions,
+                )
+
+        return http.Client(transport=Transport(), timeout=30)

@@ -59,7 +59,9 @@ def anthropic_answer(events: list[dict]) -> tuple[list[tuple], dict, dict]:
             delta = e["delta"]
             text = delta.get("text") or delta.get("thinking") or delta["partial_json"]
             blocks[-1][1] += text
-    start, end = events[0]["message"], events[-2]
+    # pings (keep-alives) may come before message_start while a long prompt prefills
+    start = next(e for e in events if e["type"] == "message_start")["message"]
+    end = events[-2]
     assert start["model"] == "agent" and end["type"] == "message_delta"
     end["usage"]["stop_reason"] = end["delta"]["stop_reason"]
     return [tuple(b) for b in blocks], start["usage"], end["usage"]

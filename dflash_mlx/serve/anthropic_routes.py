@@ -8,9 +8,9 @@ from fastapi import APIRouter, Request
 from .bodies import read_request
 from .errors import ApiError, anthropic_error
 from .prompting import message_text, render_chat, skip_tools, tool_output_text
-from .runner import Generation, Sampling, start
+from .runner import Generation, Sampling, Waiting, start
 from .schemas import CountTokensRequest, MessagesRequest, stop_list
-from .sse import event_stream, sse
+from .sse import PING, event_stream, sse
 
 router = APIRouter()
 # `thinking.type` -> the chat template's thinking switch (None: the template's default)
@@ -234,16 +234,19 @@ class _Blocks:
 def _message_start(gen: Generation, head: dict) -> list[str]:
     message = {**head, "content": [], "stop_reason": None, "stop_sequence": None}
     start = {"type": "message_start", "message": {**message, "usage": _usage(gen, 0)}}
-    return [sse(start, "message_start"), sse({"type": "ping"}, "ping")]
+    return [sse(start, "message_start"), PING]
 
 
 async def _events(gen: Generation, head: dict):
     # message_start waits for the prefill, so its usage splits cached and uncached
-    # prompt tokens as message_delta's does
+    # prompt tokens as message_delta's does; pings keep the client waiting till then
     started = False
     blocks = _Blocks()
     try:
-        async for d in gen.deltas():
+        async for d in gen.deltas(keepalive=True):
+            if isinstance(d, Waiting):
+                yield PING
+                continue
             events = [] if started else _message_start(gen, head)
             started = True
             if d.reasoning:

@@ -89,6 +89,8 @@ class ServeEngine:
         self.decoding = lane(target, draft, block_size, lookup)
         self.sequences: dict[int, Sequence] = {}
         self.snapshot_seconds = 0.0  # taking prefix-cache snapshots, in all
+        self.prefill_tokens = 0  # prompt tokens prefilled, in all (GET /metrics)
+        self.prefill_seconds = 0.0  # ... and the seconds it took, snapshots included
         self.token_bytes = 0.0  # cache bytes a token takes (seen at the first prefill)
 
     def admit(self, key: int, job, reuse: int | None = None) -> Sequence:
@@ -121,7 +123,7 @@ class ServeEngine:
             mx.eval([c.state for c in cache.target + (cache.draft or [])])
             if end in seq.points:
                 seq.snapshots[end] = self._snapshot(cache)
-            seq.prefill_seconds += time.perf_counter() - start
+            self._spent(seq, start, len(ids))
             return None
         if not self.token_bytes:
             self.token_bytes = cache.nbytes / len(cache.tokens)
@@ -135,7 +137,7 @@ class ServeEngine:
         token, rows = first_token(
             self.target, params, seeded, logits, len(cache.tokens), job.logprobs
         )
-        seq.prefill_seconds += time.perf_counter() - start
+        self._spent(seq, start, len(ids))
         seq.produced, seq.decode_start = 1, time.perf_counter()
         finished = token in self.stop_tokens
         if not finished and job.max_tokens > 1:
@@ -144,6 +146,12 @@ class ServeEngine:
             seq.member = self.decoding.join(request, cache, token)
             seq.cache = None
         return Block([token], 0, 1, finished, reused=seq.reused, logprobs=rows)
+
+    def _spent(self, seq: Sequence, start: float, tokens: int):
+        seconds = time.perf_counter() - start
+        seq.prefill_seconds += seconds
+        self.prefill_tokens += tokens
+        self.prefill_seconds += seconds
 
     def _snapshot(self, cache: PromptCache):
         tick = time.perf_counter()

@@ -4,8 +4,32 @@ _TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TPS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
 
 
+class _PrefillCounters:
+    """The engine's running prefill totals as counters, read when scraped (their
+    rate's quotient is the prefill throughput)."""
+
+    def __init__(self, engine):
+        self.engine = engine
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily
+
+        engine = self.engine
+        yield CounterMetricFamily(
+            "dflash_prefill_tokens",
+            "Prompt tokens prefilled (those served from the prefix cache not counted).",
+            value=engine.prefill_tokens,
+        )
+        yield CounterMetricFamily(
+            "dflash_prefill_seconds",
+            "Seconds spent prefilling prompts (prefix-cache snapshots included).",
+            value=engine.prefill_seconds,
+        )
+
+
 class Metrics:
-    """Requests, tokens, acceptance lengths, queue depth, TTFT, decode tok/s."""
+    """Requests, tokens, acceptance lengths, queue depth, TTFT, decode tok/s, prefill
+    tokens and seconds."""
 
     def __init__(self, scheduler, max_block: int):
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -67,6 +91,7 @@ class Metrics:
             "dflash_active_requests", "Requests generating now.", registry=r
         ).set_function(lambda: scheduler.active)
         self._prefix_cache(scheduler.engine, r)
+        r.register(_PrefillCounters(scheduler.engine))
 
     @staticmethod
     def _prefix_cache(engine, registry):

@@ -11,9 +11,9 @@ from .. import __version__
 from .bodies import read_request
 from .errors import ApiError, openai_error
 from .prompting import chat_messages, completion_prompt, render_chat, tool_specs
-from .runner import Generation, Sampling, start
+from .runner import Generation, Sampling, Waiting, start
 from .schemas import ChatCompletionRequest, CompletionRequest
-from .sse import DONE, event_stream, sse
+from .sse import DONE, comment, event_stream, sse
 
 router = APIRouter()
 FINGERPRINT = f"dflash-mlx-{__version__}"
@@ -186,7 +186,10 @@ async def _chat_chunks(gen: Generation, head: dict, req, tokenizer):
     yield chunk({"role": "assistant", "content": ""})
     calls = 0
     try:
-        async for d in gen.deltas():
+        async for d in gen.deltas(keepalive=True):
+            if isinstance(d, Waiting):
+                yield comment(d.comment())
+                continue
             out: dict[str, Any] = {}
             if d.reasoning:
                 out["reasoning_content"] = d.reasoning
@@ -271,7 +274,10 @@ async def _completion_chunks(gen: Generation, head: dict, req, tokenizer):
 
     offset = 0
     try:
-        async for d in gen.deltas():
+        async for d in gen.deltas(keepalive=True):
+            if isinstance(d, Waiting):
+                yield comment(d.comment())
+                continue
             logprobs = None
             if req.logprobs and d.logprobs:
                 logprobs = completion_logprobs(tokenizer, d.logprobs, offset)

@@ -11,9 +11,9 @@ from fastapi import APIRouter, Request
 from .bodies import read_request
 from .errors import ApiError
 from .prompting import message_text, render_chat, skip_tools, tool_output_text
-from .runner import Generation, Sampling, start
+from .runner import Generation, Sampling, Waiting, start
 from .schemas import ResponsesRequest
-from .sse import event_stream, sse
+from .sse import comment, event_stream, sse
 
 router = APIRouter()
 
@@ -341,7 +341,10 @@ async def _events(gen: Generation, head: dict, namespaces: dict):
     yield output.event("response.created", response=_response(None, head, []))
     yield output.event("response.in_progress", response=_response(None, head, []))
     try:
-        async for d in gen.deltas():
+        async for d in gen.deltas(keepalive=True):
+            if isinstance(d, Waiting):
+                yield comment(d.comment())
+                continue
             events = []
             if d.reasoning:
                 events += output.text("reasoning", d.reasoning)

@@ -8,15 +8,33 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
 from .errors import ApiError
-from .scheduler import Failed, Finished, Job, QueueFull, ShuttingDown
+from .scheduler import Failed, Finished, Job, Prefilled, QueueFull, ShuttingDown
 from .textstream import Delta, TextStream
 
 RETRY_AFTER_S = 1
 CHECK_EVERY_S = 0.25  # how often a non-streaming request checks its client is there
+# a stream waiting for its first token (queued or prefilling) gets a keep-alive at most
+# once a second while its prefill moves on, and at least once in KEEPALIVE_IDLE_S
+KEEPALIVE_S = 1.0
+KEEPALIVE_IDLE_S = 3.0
 
 
 class ClientGone(Exception):
     """The client disconnected while its response was being generated."""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """A keep-alive is due: `done` of the prompt's `total` tokens are in (the prefix
+    cache's included); `total` is 0 while the request waits for a slot or its first
+    chunk."""
+
+    done: int = 0
+    total: int = 0
+
+    def comment(self) -> str:
+        """As an SSE comment's text (OpenAI and Responses streams)."""
+        return f"prefill {self.done}/{self.total}" if self.total else "keep-alive"
 
 
 @dataclass(frozen=True)
@@ -90,6 +108,9 @@ class Generation:
         self.prompt = None  # the chat prompt, when the answer may be resent
         self.content = ""  # the answer as the client got it
         self._checked = time.monotonic()
+        self._keepalive = False  # yield Waiting while the first token is awaited
+        self._quiet_since = self._checked  # when the stream last sent something
+        self._progress, self._told = Waiting(), Waiting()
 
     @property
     def completion_tokens(self) -> int:
@@ -112,13 +133,23 @@ class Generation:
         return self.stats.x_dflash(self.state.config.draft_id)
 
     async def deltas(
-        self, disconnected: Callable[[], Awaitable[bool]] | None = None
-    ) -> AsyncIterator[Delta]:
-        """Output as it is generated; raises ApiError if generation fails."""
+        self,
+        disconnected: Callable[[], Awaitable[bool]] | None = None,
+        keepalive: bool = False,
+    ) -> AsyncIterator[Delta | Waiting]:
+        """Output as it is generated; raises ApiError if generation fails. With
+        `keepalive` (streams), a `Waiting` now and then until the first token."""
         status = "cancelled"
+        self._keepalive, self._quiet_since = keepalive, time.monotonic()
         try:
             while self.finish is None:
                 event = await self._next_event(disconnected)
+                if isinstance(event, Prefilled):
+                    self._progress = Waiting(event.done, event.total)
+                    continue
+                if isinstance(event, Waiting):
+                    yield event
+                    continue
                 if isinstance(event, Failed):
                     raise ApiError(event.status, event.message, code=event.code)
                 if isinstance(event, Finished):  # ended without a finish reason
@@ -168,8 +199,20 @@ class Generation:
         """The whole output (non-streaming responses)."""
         total = Delta()
         async for delta in self.deltas(disconnected):
+            assert isinstance(delta, Delta)  # no keep-alives asked for
             total.extend(delta)
         return total
+
+    def _keepalive_due(self, now: float) -> Waiting | None:
+        """A keep-alive, when one is due (streams, before the first token)."""
+        if not self._keepalive or self.stats.ttft_s is not None:
+            return None
+        quiet = now - self._quiet_since
+        moved = self._progress != self._told
+        if quiet < KEEPALIVE_IDLE_S and not (moved and quiet >= KEEPALIVE_S):
+            return None
+        self._quiet_since, self._told = now, self._progress
+        return self._progress
 
     async def _next_event(self, disconnected):
         # The engine times out running jobs itself; this also covers a queued one.
@@ -179,6 +222,9 @@ class Generation:
                 self._checked = now  # a client that gave up: stop at the next block
                 if await disconnected():
                     raise ClientGone
+            waiting = self._keepalive_due(now)
+            if waiting is not None:
+                return waiting
             left = self.ticket.deadline - now + 1.0
             if left <= 0:
                 failure = self.state.scheduler.timeout_failure()

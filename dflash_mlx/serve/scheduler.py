@@ -6,7 +6,9 @@ events from their `Ticket`. Up to `max_concurrency` jobs are worked on at once b
 chunks taken in turn with the decoding steps (so a long prompt does not stall the
 others), then decoded in one batch with every other job, one verified block per job
 per step. The rest wait in a bounded queue. A cancelled or timed-out job ends at the
-next turn; its caches go to the prefix cache.
+next turn; its caches go to the prefix cache (mid-prefill: the tokens prefilled so far,
+so a client that retries resumes there). While a job prefills, its ticket gets a
+`Prefilled` event after each chunk (streams turn them into keep-alives).
 """
 
 import asyncio
@@ -52,6 +54,15 @@ class BlockEvent:
     generation_tps: float
     elapsed: float  # seconds since the job was submitted
     source: str | None = None  # what proposed the block: "draft", "lookup", "splice"
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    """Progress of a job's prefill: `done` of its `total` prompt tokens are in (the
+    prefix cache's included); one after every chunk but the last."""
+
+    done: int
+    total: int
 
 
 @dataclass
@@ -271,6 +282,9 @@ class Scheduler:
             return
         if block is not None:
             self._deliver(seq, block, first=True)
+        else:  # for the stream's keep-alives: one plain event a chunk
+            total = len(seq.job.prompt)
+            self._tickets[seq.key].send(Prefilled(total - len(seq.todo), total))
 
     def _step(self):
         try:

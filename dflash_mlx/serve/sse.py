@@ -11,6 +11,14 @@ def sse(data: dict, event: str | None = None) -> str:
     return f"{head}data: {json.dumps(data, ensure_ascii=False)}\n\n"
 
 
+def comment(text: str) -> str:
+    """A comment line: every SSE parser skips it (the OpenAI streams' keep-alive)."""
+    return f": {text}\n\n"
+
+
+PING = sse({"type": "ping"}, "ping")  # Anthropic's own keep-alive event
+
+
 def event_stream(chunks):
     """A streaming response for an async iterator of SSE strings."""
     from fastapi.responses import StreamingResponse
