@@ -26,7 +26,7 @@ The stand-ins are in taps.py. On the CPU, llama/qwen2/qwen3 blocks run through
 recurrence over a block in closed form), both reached through the kernels' fields.
 """
 
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -130,7 +130,7 @@ def _embed_scale(inner: nn.Module, family: str) -> float:
     inner model, Gemma 3 computes sqrt(hidden) in bfloat16 inside its forward."""
     if family == "gemma3_text":
         root = inner.embed_tokens.weight.shape[1] ** 0.5
-        return mx.array(root, mx.bfloat16).item()
+        return cast(float, mx.array(root, mx.bfloat16).item())
     return getattr(inner, "embed_scale", 1.0)
 
 
