@@ -8,7 +8,9 @@ longer).
 import typer
 
 MODEL_HELP = (
-    "Target model: local folder or Hugging Face repo id (default: the built-in one)."
+    "Target model: local folder, Hugging Face repo id, .gguf file, or gemma3-270m "
+    "(Gemma 3 270M, 32K context, fetched once; Gemma Terms of Use) (default: the "
+    "built-in one)."
 )
 DRAFT_HELP = "DFlash drafter (default: the registry's drafter for the target)."
 BLOCK_SIZE_HELP = (

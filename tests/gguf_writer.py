@@ -44,7 +44,14 @@ _GPT_OSS = {
     "mlp.experts.down_proj": "ffn_down_exps",
     "mlp.experts.gate_up_proj": "ffn_gate_up_exps",
 }
+# Gemma 3's four norms per layer.
+_GEMMA3 = {
+    "post_attention_layernorm": "post_attention_norm",
+    "pre_feedforward_layernorm": "ffn_norm",
+    "post_feedforward_layernorm": "post_ffw_norm",
+}
 _ARCH = {
+    "gemma3_text": "gemma3",
     "llama": "llama",
     "qwen2": "qwen2",
     "qwen3": "qwen3",
@@ -71,7 +78,8 @@ def gguf_name(name: str, model_type: str = "llama") -> str:
     if module in top:
         return f"{top[module]}.{suffix}"
     _, _, i, rest = module.split(".", 3)
-    names = _LAYER | (_GPT_OSS if model_type == "gpt_oss" else {})
+    family = {"gpt_oss": _GPT_OSS, "gemma3_text": _GEMMA3}.get(model_type, {})
+    names = _LAYER | family
     return f"blk.{i}.{names[rest]}.{suffix}"
 
 
@@ -290,6 +298,8 @@ def _hparams(config: dict) -> dict:
         md[f"{arch}.expert_count"] = config["num_experts"]
         md[f"{arch}.expert_used_count"] = config["num_experts_per_tok"]
         md[f"{arch}.expert_feed_forward_length"] = config["moe_intermediate_size"]
+    if arch == "gemma3":
+        md[f"{arch}.attention.sliding_window"] = config["sliding_window"]
     if arch == "gpt-oss":
         md[f"{arch}.expert_count"] = config["num_local_experts"]
         md[f"{arch}.expert_used_count"] = config["num_experts_per_tok"]
@@ -342,8 +352,13 @@ def write_target(
         llama = config["model_type"] == "llama"
         n_heads = heads.get(name.split(".")[-2]) if llama else None
         stored = permute(w, n_heads) if n_heads else w
+        shift = config["model_type"] == "gemma3_text" and name.endswith("norm.weight")
+        if shift:  # llama.cpp's Gemma converter stores the norms as 1 + w
+            stored = stored + np.float32(1)
         kind = _kind(gname, w, quant)
         data, values = encode(stored, kind)
+        if shift:
+            values = values - np.float32(1)
         if n_heads:  # the values in HF row order
             values = values[np.argsort(permute(np.arange(w.shape[0]), n_heads))]
         tensors[gname] = (kind, data)

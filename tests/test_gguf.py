@@ -23,6 +23,8 @@ WIDE = dict(hidden_size=256, intermediate_size=512, head_dim=64)
 WIDE_MOE = dict(WIDE, moe_intermediate_size=256)
 
 
+# Gemma 3 as llama.cpp reads it: five sliding layers, then a global one.
+GEMMA3 = dict(num_hidden_layers=6, sliding_window_pattern=6)
 # gpt-oss as released: YaRN rope scaling.
 YARN = {"rope_type": "yarn", "factor": 32.0, "original_max_position_embeddings": 4096}
 
@@ -50,6 +52,12 @@ def gguf_files(tmp_path_factory):
             extra = (WIDE_MOE if family == "qwen3_moe" else WIDE) if wide else {}
             if family == "gpt_oss":
                 extra = extra | {"rope_scaling": YARN}
+            if family == "gemma3_text":  # llama.cpp fixes Gemma 3's pattern at 5 + 1
+                extra = (
+                    extra
+                    | GEMMA3
+                    | {"query_pre_attn_scalar": extra.get("head_dim", 16)}
+                )
             built[name] = tiny.make_target(root / name, family, **extra)
             _jitter_vectors(built[name])
         return built[name]
@@ -115,7 +123,9 @@ def test_block_packers_agree_with_gguf_dequantize(kind):
     assert np.abs(values - x).max() < 0.1 * np.abs(x).max()
 
 
-@pytest.mark.parametrize("family", ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss"])
+@pytest.mark.parametrize(
+    "family", ["llama", "qwen2", "qwen3", "qwen3_moe", "gpt_oss", "gemma3_text"]
+)
 def test_f32_gguf_equals_safetensors(gguf_files, family):
     from mlx_lm import load
 
@@ -149,6 +159,7 @@ def test_f32_gguf_equals_safetensors(gguf_files, family):
         ("qwen3", "BF16"),
         ("qwen2", "MXFP4"),
         ("gpt_oss", "MXFP4_MOE"),
+        ("gemma3_text", "Q4_K_M"),
     ],
 )
 def test_downloaded_quant_types_equal_their_values(gguf_files, family, quant):
@@ -180,7 +191,12 @@ def test_native_types_keep_their_blocks_when_bits_match(gguf_files, family, quan
 
 @pytest.mark.parametrize(
     "family,quant",
-    [("llama", "Q4_K"), ("qwen3_moe", "Q4_K_M"), ("gpt_oss", "MXFP4_MOE")],
+    [
+        ("llama", "Q4_K"),
+        ("qwen3_moe", "Q4_K_M"),
+        ("gpt_oss", "MXFP4_MOE"),
+        ("gemma3_text", "Q4_K_M"),
+    ],
 )
 def test_requantized_equals_mlx_lm_quantize_model(gguf_files, family, quant):
     from mlx_lm.utils import quantize_model
@@ -216,7 +232,12 @@ def test_gpt_oss_fused_gate_up_experts(gguf_files):
 
 @pytest.mark.parametrize(
     "family,quant,block_size",
-    [("llama", "Q4_K_M", 4), ("llama", "Q4_K_M", "auto"), ("gpt_oss", "MXFP4_MOE", 4)],
+    [
+        ("llama", "Q4_K_M", 4),
+        ("llama", "Q4_K_M", "auto"),
+        ("gpt_oss", "MXFP4_MOE", 4),
+        ("gemma3_text", "Q4_K_M", 4),
+    ],
 )
 def test_dflash_on_requantized_gguf_is_lossless(gguf_files, family, quant, block_size):
     path, _ = gguf_files(family, quant)
@@ -266,6 +287,43 @@ def _write_arch(path, arch, tensor="token_embd.weight"):
     return path
 
 
+def _gemma3_header(**md):
+    from dflash_mlx.gguf.file import GGUFHeader, TensorInfo
+
+    base = {
+        "general.architecture": "gemma3",
+        "gemma3.block_count": 62,
+        "gemma3.embedding_length": 5376,
+        "gemma3.feed_forward_length": 21504,
+        "gemma3.attention.head_count": 32,
+        "gemma3.attention.head_count_kv": 16,
+        "gemma3.attention.key_length": 128,
+        "gemma3.attention.layer_norm_rms_epsilon": 1e-6,
+        "gemma3.rope.freq_base": 1e6,
+        "gemma3.context_length": 131072,
+        "gemma3.rope.scaling.type": "linear",
+        "gemma3.rope.scaling.factor": 8.0,
+    }
+    embed = TensorInfo("token_embd.weight", "Q8_0", (262144, 5376), 0)
+    return GGUFHeader(Path("x.gguf"), base | md, {embed.name: embed})
+
+
+def test_gemma3_fields_llama_cpp_fixes_by_architecture():
+    from dflash_mlx.gguf import model_config
+
+    config = model_config(_gemma3_header(**{"gemma3.attention.sliding_window": 1024}))
+    assert config["model_type"] == "gemma3_text" and config["tie_word_embeddings"]
+    assert (config["sliding_window"], config["sliding_window_pattern"]) == (1024, 6)
+    assert config["query_pre_attn_scalar"] == 5376 // 32  # the 27B's scale
+    assert config["rope_local_base_freq"] == 10000.0
+    assert config["rope_scaling"] == {"type": "linear", "factor": 8.0}
+    config = model_config(_gemma3_header(**{"gemma3.block_count": 34}))
+    assert config["query_pre_attn_scalar"] == 128  # head_dim elsewhere
+    assert config["sliding_window_pattern"] == 1  # no window stored: all global
+    with pytest.raises(ValueError, match="soft-caps its logits.*safetensors"):
+        model_config(_gemma3_header(**{"gemma3.final_logit_softcapping": 30.0}))
+
+
 def test_errors(tmp_path):
     with pytest.raises(ValueError, match="does not exist"):
         load_gguf(tmp_path / "missing.gguf")
@@ -273,8 +331,8 @@ def test_errors(tmp_path):
     bad.write_bytes(b"not a gguf file at all")
     with pytest.raises(ValueError, match="cannot be read"):
         load_gguf(bad)
-    with pytest.raises(ValueError, match="gemma3.*not a DFlash target.*safetensors"):
-        load_gguf(_write_arch(tmp_path / "odd.gguf", "gemma3"))
+    with pytest.raises(ValueError, match="'bert'.*not a DFlash target.*safetensors"):
+        load_gguf(_write_arch(tmp_path / "odd.gguf", "bert"))
     for arch, family in REFUSED.items():
         with pytest.raises(ValueError, match=f"'{arch}'.*{family}.*safetensors"):
             load_gguf(_write_arch(tmp_path / f"{arch}.gguf", arch))

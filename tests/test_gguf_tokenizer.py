@@ -138,11 +138,88 @@ def test_autotokenizer_gguf_file_needs_torch(tmp_path):
         AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
 
 
-def test_sentencepiece_vocabularies_are_refused():
-    with pytest.raises(ValueError, match="tokenizer model 'llama'"):
-        build_tokenizer(
-            {"tokenizer.ggml.model": "llama", "tokenizer.ggml.tokens": ["a"]}
-        )
+def _gemma_like_metadata() -> dict:
+    """A small SentencePiece vocabulary laid out as Gemma's GGUF lays it out:
+    controls, user-defined newline and space runs (spaces spelled as spaces, score
+    -1000), the 256 byte pieces, then normal pieces, best score first."""
+    controls = ["<pad>", "<eos>", "<bos>", "<unk>"]
+    user = ["\n", "\n\n", "  ", "   ", "<start_of_turn>"]
+    pieces = ["▁", *"thesaingo", "▁t", "he", "in", "▁the", "ing", "▁a", "is", "▁is"]
+    pieces += ["on", "▁on", "th", "▁thing", "at", "▁that", "es", "▁tin"]
+    tokens = controls + user + [f"<0x{b:02X}>" for b in range(256)] + pieces
+    types = [3] * 4 + [4] * 5 + [6] * 256 + [1] * len(pieces)
+    scores = [-1000.0] * 9 + [0.0] * 256 + [-float(i) for i in range(len(pieces))]
+    return {
+        "general.architecture": "gemma3",
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": scores,
+        "tokenizer.ggml.token_type": types,
+        "tokenizer.ggml.bos_token_id": 2,
+        "tokenizer.ggml.eos_token_id": 1,
+        "tokenizer.ggml.unknown_token_id": 3,
+        "tokenizer.ggml.padding_token_id": 0,
+        "tokenizer.ggml.add_bos_token": True,
+        "tokenizer.ggml.add_space_prefix": False,
+    }
+
+
+SPM_TEXTS = [
+    "the thing is that tin",
+    "  on   the\n\nthing  ",
+    "<start_of_turn>a ☃ 日本語 🤖\tx",
+    "def f(x):\n   return x**2  # 1234\n",
+    "Ünïcödé — 你好, world!",
+    "",
+]
+
+
+def test_sentencepiece_vocabulary_round_trips_and_matches_transformers():
+    md = _gemma_like_metadata()
+    ours, theirs = build_tokenizer(md), _transformers_backend(md)
+    for text in SPM_TEXTS + _texts(5):
+        ids = ours.encode(text)
+        assert ids[:1] == [2]  # BOS, as llama.cpp adds it
+        assert ours.decode(ids[1:]) == text
+        if "    " not in text:  # space runs longer than the longest space piece
+            assert ids[1:] == theirs.encode(text).ids, text[:60]
+    pieces = ours._tokenizer.convert_ids_to_tokens(ours.encode("the thing  x")[1:])
+    assert pieces == ["t", "he", "▁t", "h", "ing", "▁▁", "<0x78>"]  # "x": a byte
+    assert ours.eos_token_ids == {1}
+    # Four spaces: SentencePiece's ranking (user-defined pieces at score 0, the longer
+    # left part first) makes "▁▁▁" + "▁"; transformers ranks merges by vocabulary
+    # position and makes "▁▁" + "▁▁". On Gemma 3 only runs over 31 spaces differ, and
+    # there the builder matches Google's tokenizer.json (docs/gguf.md).
+    four = ours._tokenizer.convert_ids_to_tokens(ours.encode("    ")[1:])
+    assert four == ["▁▁▁", "▁"]
+    assert [theirs.id_to_token(i) for i in theirs.encode("    ").ids] == ["▁▁"] * 2
+
+
+def test_sentencepiece_merges_rank_like_sentencepiece():
+    from dflash_mlx.gguf.spm import merges
+
+    tokens = ["▁", "a", "b", "▁▁", "ab", "▁a", "▁ab", "▁▁▁"]
+    types = [1, 1, 1, 4, 1, 1, 1, 4]
+    scores = [0.0, -1.0, -2.0, -1000.0, -3.0, -4.0, -5.0, -1000.0]
+    # user-defined pieces rank as score 0 (before "ab" at -3), the longer left first
+    assert merges(tokens, scores, types) == [
+        ("▁▁", "▁"),
+        ("▁", "▁▁"),
+        ("▁", "▁"),
+        ("a", "b"),
+        ("▁", "a"),
+        ("▁a", "b"),
+        ("▁", "ab"),
+    ]
+
+
+def test_unsupported_vocabularies_are_refused():
+    md = _gemma_like_metadata()
+    del md["tokenizer.ggml.add_space_prefix"]  # Llama 2 / Mistral: a dummy prefix
+    with pytest.raises(ValueError, match="space prefix.*safetensors"):
+        build_tokenizer(md)
+    with pytest.raises(ValueError, match="tokenizer model 'rwkv'"):
+        build_tokenizer({"tokenizer.ggml.model": "rwkv", "tokenizer.ggml.tokens": []})
 
 
 def test_gpt_oss_pre_tokenizer_splits_like_its_tokenizer_json():

@@ -12,6 +12,7 @@ FAMILIES = [
     "qwen3_5",
     "qwen3_5_moe",
     "qwen3_next",
+    "gemma3_text",
     "gemma4_text",
     "gemma4",
     "gpt_oss",

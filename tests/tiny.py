@@ -82,6 +82,18 @@ FAMILIES = {
             "mrope_section": [2, 1, 1],
         },
     ),
+    "gemma3_text": dict(
+        model_type="gemma3_text",
+        num_hidden_layers=4,  # sliding, sliding, global, sliding
+        head_dim=16,
+        num_key_value_heads=1,
+        query_pre_attn_scalar=16,
+        sliding_window=8,
+        sliding_window_pattern=3,
+        rope_local_base_freq=10000.0,
+        tie_word_embeddings=True,  # mlx-lm ties it when lm_head is absent
+        _embed_scale=0.25,
+    ),
     "gemma4_text": dict(
         model_type="gemma4_text",
         num_hidden_layers=6,
@@ -306,6 +318,8 @@ def make_target(
         embed.weight = embed.weight * (embed_scale / 4.0)
     path.mkdir(parents=True, exist_ok=True)
     weights = dict(tree_flatten(model.parameters()))
+    if config.get("tie_word_embeddings"):  # gemma3_text: tied by the missing head
+        weights.pop("lm_head.weight", None)
     mx.save_safetensors(
         str(path / "model.safetensors"), weights, metadata={"format": "mlx"}
     )

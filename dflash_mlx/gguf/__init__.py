@@ -1,7 +1,9 @@
-"""GGUF targets: llama, qwen2, qwen3, qwen3moe and gpt-oss files as mlx-lm's own models.
+"""GGUF targets: llama, qwen2, qwen3, qwen3moe, gpt-oss and gemma3 files as mlx-lm's own
+models.
 
 `file` reads a GGUF header and its tensors, `arch` maps an architecture's metadata to
-an mlx-lm config, `tokenizer` builds the Hugging Face tokenizer the file describes, and
+an mlx-lm config, `tokenizer` builds the Hugging Face tokenizer the file describes
+(`spm` its SentencePiece vocabularies), and
 `load` (`load_gguf`) puts them together. May import the base modules only (nothing of
 models, the engine or loading: `loading` calls it).
 """

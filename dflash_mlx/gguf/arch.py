@@ -16,6 +16,7 @@ ARCHITECTURES = {
     "qwen3": "qwen3",
     "qwen3moe": "qwen3_moe",
     "gpt-oss": "gpt_oss",
+    "gemma3": "gemma3_text",
 }
 # Supported target families whose llama.cpp conversion rewrites tensors beyond renaming.
 REFUSED = {
@@ -38,6 +39,9 @@ _WHY = dict.fromkeys(
     "attn_k_b/attn_v_b in newer files), not mapped here",
     "minimax-m2": "its llama.cpp layout is not mapped here",
 }
+# Families whose norms compute x * (1 + w): llama.cpp's converter stores 1 + w (what
+# its own graph multiplies by), so the loader takes the 1 back off every *norm.weight.
+NORM_SHIFT = {"gemma3_text": 1.0}
 FIX_ARCH = "Load the model's safetensors (or mlx-community MLX) repo instead."
 
 _TOP = {
@@ -71,6 +75,13 @@ _GPT_OSS = {
     "ffn_down_exps": "mlp.experts.down_proj",
     "ffn_gate_up_exps": "mlp.experts.gate_up_proj",  # fused by newer llama.cpp
 }
+# Gemma 3 has four norms per layer: around the attention and around the MLP.
+_GEMMA3 = {
+    "post_attention_norm": "post_attention_layernorm",
+    "ffn_norm": "pre_feedforward_layernorm",
+    "post_ffw_norm": "post_feedforward_layernorm",
+}
+_FAMILY_NAMES = {"gpt_oss": _GPT_OSS, "gemma3_text": _GEMMA3}
 _BARE = {"attn_sinks": "self_attn.sinks"}  # a parameter, not a module's weight
 _SUFFIXES = ("weight", "bias")
 
@@ -211,10 +222,35 @@ def _family_fields(model_type: str, header: GGUFHeader, get) -> dict:
             "sliding_window": get("attention.sliding_window"),
         }
     fields = {"intermediate_size": get("feed_forward_length")}
+    if model_type == "gemma3_text":
+        return fields | _gemma3_fields(md, arch, get)
     if model_type == "llama":
         fields["attention_bias"] = "blk.0.attn_q.bias" in tensors
         fields["mlp_bias"] = "blk.0.ffn_up.bias" in tensors
     return fields
+
+
+def _gemma3_fields(md: dict, arch: str, get) -> dict:
+    """Gemma 3's fields that llama.cpp does not store but fixes by architecture: five
+    sliding layers in six with rope base 10000, and the query scale (head_dim, except
+    hidden/heads on the 62-layer 27B)."""
+    cap = md.get(f"{arch}.final_logit_softcapping")
+    if cap:
+        raise ValueError(
+            f"This gemma3 GGUF soft-caps its logits ({cap}), which mlx-lm's "
+            f"gemma3_text does not do. {FIX_ARCH}"
+        )
+    heads, hidden = get("attention.head_count"), get("embedding_length")
+    head_dim = md.get(f"{arch}.attention.key_length", hidden // heads)
+    window = md.get(f"{arch}.attention.sliding_window") or 0
+    return {
+        "query_pre_attn_scalar": hidden // heads
+        if get("block_count") == 62
+        else head_dim,
+        "sliding_window": window or get("context_length"),
+        "sliding_window_pattern": 6 if window else 1,  # 1: every layer global
+        "rope_local_base_freq": 10000.0,
+    }
 
 
 def mlx_name(name: str, model_type: str = "llama") -> str:
@@ -227,7 +263,7 @@ def mlx_name(name: str, model_type: str = "llama") -> str:
         prefix, role = f"model.layers.{parts[1]}", parts[2]
         if role in _BARE and suffix == "weight":
             return f"{prefix}.{_BARE[role]}"
-        names = _LAYER | (_GPT_OSS if model_type == "gpt_oss" else {})
+        names = _LAYER | _FAMILY_NAMES.get(model_type, {})
         if role in names:
             return f"{prefix}.{names[role]}.{suffix}"
     raise ValueError(

@@ -12,10 +12,7 @@ from typing import cast
 
 import mlx.core as mx
 
-from .arch import (
-    mlx_name,
-    model_config,
-)
+from .arch import NORM_SHIFT, mlx_name, model_config
 from .file import MLX_NATIVE, GGUFHeader, read_header, to_numpy
 from .tokenizer import build_tokenizer
 
@@ -96,11 +93,14 @@ def convert_weights(
             "q_proj": config["num_attention_heads"],
             "k_proj": config["num_key_value_heads"],
         }
+    shift = NORM_SHIFT.get(model_type, 0.0)
     out: dict[str, mx.array] = {}
     for name, w in _tensors(header):
         if name == "rope_freqs.weight":
             continue
         key = mlx_name(name, model_type)
+        if shift and key.endswith("norm.weight"):  # stored as 1 + w (float32)
+            w = w - shift
         n_heads = heads.get(key.split(".")[-2])
         if n_heads:
             w = (
@@ -181,6 +181,8 @@ def load_gguf(
     config = model_config(header)
     module = importlib.import_module(f"mlx_lm.models.{config['model_type']}")
     model = module.Model(module.ModelArgs.from_dict(config))
+    if config["tie_word_embeddings"] and "lm_head" in model:
+        model.sanitize({})  # gemma3_text: a tied head is dropped for the embedding
     plan = _quant_plan(model, header, quantize, group_size) if quantize else {}
     if plan:
         nn.quantize(model, class_predicate=lambda p, m: plan.get(p, False))

@@ -1,10 +1,11 @@
 """A GGUF file's tokenizer, rebuilt from its metadata as a transformers fast tokenizer.
 
 Byte-level BPE (`tokenizer.ggml.model` "gpt2": tokens, merges, token types and the
-pre-tokenizer named by `tokenizer.ggml.pre`) in mlx-lm's `TokenizerWrapper`, with the
-BOS/EOS/EOT ids and the chat template from the metadata. transformers' own GGUF
-converter differs from it on SmolLM2 and cannot build a vocabulary without merges (see
-docs/gguf.md), so it is not used.
+pre-tokenizer named by `tokenizer.ggml.pre`) or SentencePiece BPE ("llama": tokens,
+scores, token types; `spm.py`) in mlx-lm's `TokenizerWrapper`, with the BOS/EOS/EOT ids
+and the chat template from the metadata. transformers' own GGUF converter differs from
+it on SmolLM2 and cannot build a vocabulary without merges (see docs/gguf.md), so it is
+not used.
 """
 
 # Pre-tokenizer split patterns by `tokenizer.ggml.pre` (as in the tokenizer.json files).
@@ -39,14 +40,23 @@ CONTROL, USER_DEFINED = 3, 4
 
 def build_tokenizer(md: dict):
     """An mlx-lm TokenizerWrapper from the GGUF tokenizer metadata (byte-level BPE)."""
-    from mlx_lm.tokenizer_utils import BPEStreamingDetokenizer, TokenizerWrapper
+    from functools import partial
+
+    from mlx_lm.tokenizer_utils import (
+        BPEStreamingDetokenizer,
+        SPMStreamingDetokenizer,
+        TokenizerWrapper,
+    )
     from transformers import PreTrainedTokenizerFast
 
+    from .spm import sentencepiece
+
     kind = md.get("tokenizer.ggml.model")
-    if kind != "gpt2":
+    if kind not in ("gpt2", "llama"):
         raise ValueError(
             f"GGUF tokenizer model '{kind}' is not supported (byte-level BPE, "
-            "'gpt2', is); load the safetensors version of the model."
+            "'gpt2', and SentencePiece, 'llama', are); load the safetensors version "
+            "of the model."
         )
     tokens = md["tokenizer.ggml.tokens"]
 
@@ -56,9 +66,14 @@ def build_tokenizer(md: dict):
             (i, tokens[i]) if i is not None and 0 <= i < len(tokens) else (None, None)
         )
 
-    tok = _bpe(md, tokens)
+    if kind == "gpt2":
+        tok, detokenizer = _bpe(md, tokens), BPEStreamingDetokenizer
+    else:
+        tok = sentencepiece(md, tokens)  # no dummy prefix to trim when decoding
+        detokenizer = partial(SPMStreamingDetokenizer, trim_space=False)
     bos_id, bos = special("bos")
-    if md.get("tokenizer.ggml.add_bos_token", False) and bos is not None:
+    add_bos = md.get("tokenizer.ggml.add_bos_token", kind == "llama")  # llama.cpp's
+    if add_bos and bos is not None:
         from tokenizers import processors
 
         tok.post_processor = processors.TemplateProcessing(
@@ -77,7 +92,7 @@ def build_tokenizer(md: dict):
     eos_ids = [special(k)[0] for k in ("eos", "eot", "eom")]
     return TokenizerWrapper(
         fast,
-        BPEStreamingDetokenizer,
+        detokenizer,
         eos_token_ids=[i for i in eos_ids if i is not None],
     )
 

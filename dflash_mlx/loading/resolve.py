@@ -24,8 +24,10 @@ def _optional(module: str) -> ModuleType | None:
 def resolve_models(model: str | None, draft: str | None, no_draft: bool = False):
     """(target, drafter or None, note or None) from CLI options, the defaults and the
     registry; the note says why there is no drafter."""
+    defaults = _optional("defaults")
+    if model is not None and defaults is not None:
+        model = defaults.named_target(model)
     if model is None:
-        defaults = _optional("defaults")
         if defaults is None:
             raise ValueError(
                 "No built-in default model yet: pass --model <folder or Hub id> "

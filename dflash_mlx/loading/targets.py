@@ -8,6 +8,7 @@ import mlx.core as mx
 
 from ..models import draft as draft_module
 from ..models.target import SUPPORTED_MODEL_TYPES
+from . import long_target
 from .hub import resolve_path
 
 TARGET_FILES = [
@@ -71,8 +72,9 @@ def check_safetensors(file: Path, what: str):
 
 
 def load(path_or_repo: str | None = None, *, distributed=None, **kwargs):
-    """Load a target (model, tokenizer): a Hub id, a local folder, a .gguf file, or
-    (with no argument) the built-in default target.
+    """Load a target (model, tokenizer): a Hub id, a local folder, a .gguf file,
+    "gemma3-270m" (Gemma 3 270M, fetched once), or (with no argument) the built-in
+    default target.
 
     With `distributed` (a `distributed.Group`, e.g. `distributed.launched()`), this
     rank loads its shard of the target (tensor or pipeline parallel, by mlx-lm)."""
@@ -82,6 +84,8 @@ def load(path_or_repo: str | None = None, *, distributed=None, **kwargs):
         from .defaults import default_target
 
         path_or_repo = default_target()
+    elif path_or_repo == long_target.NAME:
+        path_or_repo = str(long_target.locate())
     if str(path_or_repo).endswith(".gguf"):
         from ..gguf import load_gguf
 

@@ -26,7 +26,7 @@ The stand-ins are in taps.py. On the CPU, llama/qwen2/qwen3 blocks run through
 recurrence over a block in closed form), both reached through the kernels' fields.
 """
 
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -49,6 +49,7 @@ SUPPORTED_MODEL_TYPES = (
     "qwen3_5",
     "qwen3_5_moe",
     "qwen3_next",
+    "gemma3_text",
     "gemma4",
     "gemma4_text",
     "gpt_oss",
@@ -124,6 +125,15 @@ def _head_transform(lm: nn.Module) -> tuple[float, float | None]:
     return float(args.output_multiplier), args.final_logit_softcapping
 
 
+def _embed_scale(inner: nn.Module, family: str) -> float:
+    """The factor the model multiplies its embeddings by: Gemma 4 keeps it on the
+    inner model, Gemma 3 computes sqrt(hidden) in bfloat16 inside its forward."""
+    if family == "gemma3_text":
+        root = inner.embed_tokens.weight.shape[1] ** 0.5
+        return cast(float, mx.array(root, mx.bfloat16).item())
+    return getattr(inner, "embed_scale", 1.0)
+
+
 def _stand_in(layer, index: int, recording: Recording, block=None, delta=None):
     """The tap for one layer (`block`: a CPU block standing in for it; `delta`: the
     kernels' `delta_forward` for recurrent mixers)."""
@@ -168,7 +178,7 @@ class Target:
         self._view = self._make_view()
         self._check_rollback()
         self.embed_tokens = self.inner.embed_tokens
-        self.embed_scale = getattr(self.inner, "embed_scale", 1.0)
+        self.embed_scale = _embed_scale(self.inner, self.model_type)
         self.logit_scale, self.softcap = _head_transform(self.lm)
 
     def _make_view(self) -> nn.Module:
