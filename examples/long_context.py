@@ -46,9 +46,11 @@ def _load(args):
         t, d = make_pair(
             folder, "qwen3", hidden=256, layers=8, max_position_embeddings=70000
         )
-        return (*load(str(t)), load_draft(str(d)))
+        window = args.draft_window
+        return (*load(str(t)), load_draft(str(d), sliding_window_size=window))
     model, tok = load(args.model)
-    return model, tok, load_draft(args.draft, target=model)
+    draft = load_draft(args.draft, target=model, sliding_window_size=args.draft_window)
+    return model, tok, draft
 
 
 def _timed(fn, reps: int = 5) -> float:
@@ -63,37 +65,27 @@ def _timed(fn, reps: int = 5) -> float:
 
 
 def block_costs(model, draft, ids: list[int]) -> dict:
-    """At this context: the drafter's forward on one block, the target's forward on
-    one token and on one block (then rolled back), in ms."""
-    from mlx_lm.models.cache import make_prompt_cache
-
+    """At this context, through the engine's own target side (models/target.py): the
+    drafter's forward on one block, the target's forward on one token and on one
+    block (each rolled back), in ms."""
     from dflash_mlx.models.target import Target
 
     B = draft.args.block_size
-    cache = make_prompt_cache(model)
+    target = Target(model, draft.args.target_layer_ids)
+    cache, dcache = target.make_cache(), draft.make_cache()
     for i in range(0, len(ids), 2048):  # prefill as the engine does: chunked
-        model(mx.array([ids[i : i + 2048]]), cache=cache)
-        mx.eval([c.state for c in cache])
+        _, features = target(mx.array([ids[i : i + 2048]]), cache)
+        draft.absorb(features, dcache)
+        mx.eval([c.state for c in cache], [c.state for c in dcache])
 
     def forward(n):
-        mx.eval(model(mx.array([ids[-n:]]), cache=cache))
-        for c in cache:
-            c.trim(n)
+        tape: list = []
+        mx.eval(target(mx.array([ids[-n:]]), cache, tape))
+        target.rollback(cache, tape, n, 0)
 
-    target = Target(model, draft.args.target_layer_ids)
-    dcache = draft.make_cache()
-    width = len(draft.args.target_layer_ids) * target.hidden_size
-    for i in range(0, len(ids), 2048):
-        n = min(2048, len(ids) - i)
-        draft.absorb(mx.random.normal((1, n, width)) * 0.1, dcache)
-        mx.eval([c.state for c in dcache])
     block = target.embed(mx.array([ids[-B:]]))
-
-    def draft_forward():
-        mx.eval(draft(block, dcache))
-
     return dict(
-        draft_ms=_timed(draft_forward),
+        draft_ms=_timed(lambda: mx.eval(draft(block, dcache))),
         step_ms=_timed(lambda: forward(1)),
         verify_ms=_timed(lambda: forward(B)),
         block=B,
@@ -171,8 +163,20 @@ def main():
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--engines", default="mlx-lm,plain,dflash")
+    p.add_argument(
+        "--draft-window", type=int, default=None, help="bound the drafter's context"
+    )
+    p.add_argument(
+        "--kernels", choices=["device", "mlx"], default="device",
+        help="mlx: MLX's generic kernels, the ones a Mac's GPU runs",
+    )  # fmt: skip
     args = p.parse_args()
     args.kinds = args.kinds.split(",")
+    from dflash_mlx import backend
+
+    chosen = backend.named(args.kernels)
+    if chosen is not None:
+        backend.forced(chosen).__enter__()  # for the whole run
     model, tok, draft = _load(args)
     context = getattr(model.args, "max_position_embeddings", None) or 8192
     lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else [
