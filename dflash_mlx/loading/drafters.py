@@ -169,19 +169,26 @@ def _quantize_drafter(model: draft_module.Model, bits: int, group_size: int):
     )
 
 
+# The drafter's context by default: drafters are trained on sequences of at most 3,072
+# tokens (the paper's recipe), so no key farther back is one they learnt to read; a
+# bound also keeps a block's cost flat as the context grows (docs/benchmarks.md).
+DEFAULT_CONTEXT_WINDOW = 3072
+
+
 def _check_draft_options(bits, group_size, sliding_window_size):
     if bits not in (None, 2, 3, 4, 5, 6, 8):
         raise ValueError(f"bits must be one of 2, 3, 4, 5, 6, 8 (or None), got {bits}.")
     if group_size not in (32, 64, 128):
         raise ValueError(f"group_size must be 32, 64 or 128, got {group_size!r}.")
-    if sliding_window_size is not None and (
+    if sliding_window_size not in (None, "auto") and (
         isinstance(sliding_window_size, bool)
         or not isinstance(sliding_window_size, int)
         or sliding_window_size < 1
     ):
         raise ValueError(
-            "sliding_window_size must be a positive number of tokens (or None: "
-            f"the whole context), got {sliding_window_size!r}."
+            "sliding_window_size must be a positive number of tokens, 'auto' (the "
+            f"last {DEFAULT_CONTEXT_WINDOW}) or None (the whole context), got "
+            f"{sliding_window_size!r}."
         )
 
 
@@ -191,15 +198,16 @@ def load_draft(
     *,
     bits: int | None = None,
     group_size: int = 64,
-    sliding_window_size: int | None = None,
+    sliding_window_size: int | str | None = "auto",
     distributed=None,
 ) -> draft_module.Model:
     """Load a DFlash drafter (z-lab format; with no argument, the built-in default's).
 
     With `target`, also check that it fits it. `bits` (4 or 8) quantizes its linear
-    layers; `sliding_window_size` bounds the context it keeps (speed/memory, not
-    output). With `distributed` (a Group), every rank must load the same drafter
-    (each holds a full copy).
+    layers; `sliding_window_size` bounds the context each layer keeps (drafts, speed
+    and memory; never the output): "auto" keeps the last DEFAULT_CONTEXT_WINDOW
+    tokens, None all of them. With `distributed` (a Group), every rank must load the
+    same drafter (each holds a full copy).
     """
     if path_or_repo is None:
         from .defaults import default_draft
@@ -237,7 +245,8 @@ def load_draft(
     model.use_kernels(kernels)
     mx.eval(model.parameters())
     model.name_or_path = str(path_or_repo)
-    model.context_window = sliding_window_size
+    window = sliding_window_size  # "auto" (checked above), a size, or None
+    model.context_window = DEFAULT_CONTEXT_WINDOW if isinstance(window, str) else window
     # what "auto" starts from (models/acceptance.py); None for drafters trained
     # elsewhere
     model.acceptance_prior = read_acceptance(path, what)
