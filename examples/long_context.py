@@ -49,8 +49,24 @@ def _load(args):
         window = args.draft_window
         return (*load(str(t)), load_draft(str(d), sliding_window_size=window))
     model, tok = load(args.model)
+    if args.draft == "none":  # prompt lookup alone (a target without a drafter)
+        return model, tok, None
     draft = load_draft(args.draft, target=model, sliding_window_size=args.draft_window)
     return model, tok, draft
+
+
+def lookup(model, tok):
+    """Prompt lookup without a drafter: copies where the text repeats, else plain."""
+    from dflash_mlx.bench.engines import block_info
+    from dflash_mlx.generate import stream_generate
+
+    def run(ids, max_tokens, block_size):
+        for r in stream_generate(
+            model, None, tok, ids, max_tokens=max_tokens, lookup=True
+        ):
+            yield r.tokens, r.accepted, block_info(r)
+
+    return run
 
 
 def _timed(fn, reps: int = 5) -> float:
@@ -70,12 +86,13 @@ def block_costs(model, draft, ids: list[int]) -> dict:
     block (each rolled back), in ms."""
     from dflash_mlx.models.target import Target
 
-    B = draft.args.block_size
-    target = Target(model, draft.args.target_layer_ids)
-    cache, dcache = target.make_cache(), draft.make_cache()
+    B = draft.args.block_size if draft else 8
+    target = Target(model, draft.args.target_layer_ids if draft else ())
+    cache, dcache = target.make_cache(), draft.make_cache() if draft else []
     for i in range(0, len(ids), 2048):  # prefill as the engine does: chunked
         _, features = target(mx.array([ids[i : i + 2048]]), cache)
-        draft.absorb(features, dcache)
+        if draft:
+            draft.absorb(features, dcache)
         mx.eval([c.state for c in cache], [c.state for c in dcache])
 
     def forward(n):
@@ -85,7 +102,7 @@ def block_costs(model, draft, ids: list[int]) -> dict:
 
     block = target.embed(mx.array([ids[-B:]]))
     return dict(
-        draft_ms=_timed(lambda: mx.eval(draft(block, dcache))),
+        draft_ms=_timed(lambda: mx.eval(draft(block, dcache))) if draft else None,
         step_ms=_timed(lambda: forward(1)),
         verify_ms=_timed(lambda: forward(B)),
         block=B,
@@ -144,7 +161,8 @@ def print_table(rows: list[dict]):
     print("\nlength  drafter ms/block  target ms/step  verify ms/block (B)")
     for length in dict.fromkeys(r["length"] for r in rows):
         r = next(x for x in rows if x["length"] == length)
-        print(f"{length:>6} {r['draft_ms']:>17.1f} {r['step_ms']:>15.1f} "
+        draft_ms = f"{r['draft_ms']:.1f}" if r["draft_ms"] else "-"
+        print(f"{length:>6} {draft_ms:>17} {r['step_ms']:>15.1f} "
               f"{r['verify_ms']:>16.1f} ({r['block']})")  # fmt: skip
 
 
@@ -158,13 +176,18 @@ def main():
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--pair", choices=["given", "tiny"], default="given")
     p.add_argument("--model", default=None, help="target (default: built-in)")
-    p.add_argument("--draft", default=None, help="drafter (default: the registry's)")
+    p.add_argument(
+        "--draft", default=None, help="drafter (default: the registry's; none: lookup)"
+    )
     p.add_argument("--lengths", default=None, help="prompt tokens, comma-separated")
     p.add_argument("--kinds", default=",".join(KINDS))
     p.add_argument("--max-tokens", type=int, default=128)
     p.add_argument("--engines", default="mlx-lm,plain,dflash")
     p.add_argument(
-        "--draft-window", type=int, default=None, help="bound the drafter's context"
+        "--draft-window",
+        type=lambda v: None if v == "none" else v if v == "auto" else int(v),
+        default="auto",
+        help="the drafter's context: auto (the default bound), none (all), or tokens",
     )
     p.add_argument(
         "--kernels", choices=["device", "mlx"], default="device",
@@ -187,7 +210,7 @@ def main():
     every = {
         "mlx-lm": mlx_lm_engine(model, tok, make_sampler(0.0)),
         "plain": plain_engine(model, tok),
-        "dflash": dflash_engine(model, draft, tok),
+        "dflash": dflash_engine(model, draft, tok) if draft else lookup(model, tok),
     }
     engines = {k: every[k] for k in args.engines.split(",")}
     env = environment(model, draft)
