@@ -42,11 +42,17 @@ def pairs(models_dir):
     return get
 
 
-def reference(model, draft, ids, bits):
-    """mlx-lm's own greedy decoding on the caches `kv_bits` gives the target."""
+def reference(model, draft, tok, ids, bits):
+    """mlx-lm's own greedy decoding on the caches `kv_bits` gives the target, up to
+    and with the first stop token (as stream_generate stops)."""
     caches = as_target(model, draft).make_cache(bits, GROUP) if bits else None
     steps = generate_step(mx.array(ids), model, prompt_cache=caches, max_tokens=N)
-    return [int(y) for y, _ in steps]
+    out = []
+    for y, _ in steps:
+        out.append(int(y))
+        if out[-1] in tok.eos_token_ids:
+            break
+    return out
 
 
 def run(model, draft, tok, ids, **kw):
@@ -61,7 +67,7 @@ def test_greedy_equals_plain_with_the_same_quantization(pairs, family, bits):
     ids = tok.encode(PROMPT)
     caches = as_target(model, draft).make_cache(bits, GROUP)
     assert any(isinstance(c, QuantizedKVCache) for c in caches)
-    ref = reference(model, draft, ids, bits)
+    ref = reference(model, draft, tok, ids, bits)
     kv = dict(kv_bits=bits, kv_group_size=GROUP)
     assert run(model, None, tok, ids, **kv) == ref  # this package's plain decoding
     half = oracle(draft, ids + ref, lambda k, i: i % 5 == 0)
@@ -75,7 +81,9 @@ def test_the_quantization_changes_the_output(pairs):
     """So the test above compares against the quantized cache, not the float one."""
     model, tok, draft = pairs("qwen3")
     ids = tok.encode(PROMPT)
-    assert reference(model, draft, ids, 4) != reference(model, draft, ids, None)
+    assert reference(model, draft, tok, ids, 4) != reference(
+        model, draft, tok, ids, None
+    )
 
 
 def _quantized(cache) -> list:
@@ -165,12 +173,12 @@ def test_a_prompt_cache_keeps_its_quantization(pairs):
     cache = make_prompt_cache(model, draft, kv_bits=8, kv_group_size=GROUP)
     assert any(isinstance(c, QuantizedKVCache) for c in cache.target)
     first = run(model, draft, tok, ids, prompt_cache=cache)  # as the cache is
-    assert first == reference(model, draft, ids, 8)
+    assert first == reference(model, draft, tok, ids, 8)
     follow = ids + first + tok.encode(" and more")  # the next turn trims and reuses
     again = run(
         model, draft, tok, follow, prompt_cache=cache, kv_bits=8, kv_group_size=GROUP
     )
-    assert again == reference(model, draft, follow, 8)
+    assert again == reference(model, draft, tok, follow, 8)
     with pytest.raises(ValueError, match="made with kv_bits=8"):
         run(model, draft, tok, ids, prompt_cache=cache, kv_bits=4, kv_group_size=GROUP)
 
@@ -190,3 +198,98 @@ def test_bad_kv_options(pairs, bits, group, message):
         run(model, draft, tok, [1, 2, 3], kv_bits=bits, kv_group_size=group)
     with pytest.raises(ValueError, match=message):
         make_prompt_cache(model, draft, kv_bits=bits, kv_group_size=group)
+
+
+def _store(target, draft, bits, budget=1 << 30, spill=None):
+    from dflash_mlx.models.prefix import PrefixStore
+
+    return PrefixStore(
+        lambda: make_prompt_cache(target, draft, bits, GROUP), budget, spill
+    )
+
+
+def _served(store, target, draft, tok, ids):
+    """Restore from `store`, generate greedily, keep the result: (tokens, reused)."""
+    cache, reused = store.restore(ids)
+    tokens = run(target, draft, tok, ids, prompt_cache=cache, block_size=4)
+    store.insert(cache.tokens, cache, {})
+    return tokens, reused
+
+
+@pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
+def test_the_prefix_cache_restores_a_quantized_cache_exactly(pairs, family):
+    """The server's prefix cache keeps a quantized layer's packed keys, scales and
+    biases: a restored cache continues as the one it was stored from (the tokens of
+    a cold run and of mlx-lm on the same quantized caches), split nodes too."""
+    model, tok, draft = pairs(family)
+    target = as_target(model, draft)
+    store = _store(target, draft, 8)
+    turn1 = tok.encode(PROMPT)
+    answer, reused = _served(store, target, draft, tok, turn1)
+    _served(store, target, draft, tok, turn1[:10] + tok.encode(" elsewhere"))  # split
+    turn2 = turn1 + answer + tok.encode(" and then?")
+    cache, reused = store.restore(turn2)
+    assert reused == len(turn1) + len(answer) - 1
+    quantized = [c for c in cache.target if isinstance(c, QuantizedKVCache)]
+    assert quantized and all(c.offset == reused for c in quantized)
+    tokens = run(target, draft, tok, turn2, prompt_cache=cache, block_size=4)
+    assert tokens == reference(model, draft, tok, turn2, 8)
+
+
+def test_the_disk_keeps_quantized_prefixes_for_its_own_quantization(pairs, tmp_path):
+    from dflash_mlx.models.prefix_disk import DiskSpill, fingerprint
+
+    model, tok, draft = pairs("qwen3")
+    target = as_target(model, draft)
+    folder, marks = tmp_path / "cache", {}
+    for kv in ("8/32", "4/32", ""):
+        marks[kv] = fingerprint(target, draft, "test", kv)
+    assert len(set(marks.values())) == 3  # a float server refuses 8-bit files
+    spill = DiskSpill(folder, 1 << 30, marks["8/32"])
+    store = _store(target, draft, 8, budget=1, spill=spill)  # every insert spills
+    turn1 = tok.encode(PROMPT)
+    answer, _ = _served(store, target, draft, tok, turn1)
+    assert spill.writes == 1
+    spill.close()
+    spill = DiskSpill(folder, 1 << 30, marks["8/32"])  # a restarted server
+    store = _store(target, draft, 8, spill=spill)
+    turn2 = turn1 + answer + tok.encode(" and then?")
+    tokens, reused = _served(store, target, draft, tok, turn2)
+    assert reused == len(turn1) + len(answer) - 1 and spill.reads == 1
+    assert tokens == reference(model, draft, tok, turn2, 8)
+    spill.close()
+
+
+def test_the_server_decodes_quantized_requests_one_at_a_time(pairs):
+    """The batch's caches are float: with kv_bits the server decodes each request on
+    its own quantized caches (the unbatched lane), and two concurrent requests each
+    get the text of a plain run on the same quantized cache."""
+    import threading
+
+    import httpx
+    from serve_helpers import LiveServer, chat_ids
+
+    from dflash_mlx.serve.engine import Solo
+
+    model, tok, draft = pairs("qwen3")
+    chats = [[{"role": "user", "content": t}] for t in (PROMPT, "The quick brown fox")]
+    texts: dict = {}
+    kv = dict(kv_bits=8, kv_group_size=GROUP)
+    with LiveServer(model, tok, draft, block_size=4, **kv) as s:
+        assert isinstance(s.state.scheduler.engine.decoding, Solo)
+
+        def ask(i):
+            body = {"messages": chats[i], "max_tokens": N, "temperature": 0}
+            r = httpx.post(f"{s.url}/v1/chat/completions", json=body, timeout=120)
+            texts[i] = r.json()["choices"][0]["message"]["content"]
+
+        threads = [threading.Thread(target=ask, args=(i,)) for i in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+    for i, chat in enumerate(chats):
+        plain = stream_generate(
+            model, None, tok, chat_ids(tok, chat), max_tokens=N, **kv
+        )
+        assert texts[i] == "".join(r.text for r in plain)
