@@ -293,3 +293,22 @@ def test_the_server_decodes_quantized_requests_one_at_a_time(pairs):
             model, None, tok, chat_ids(tok, chat), max_tokens=N, **kv
         )
         assert texts[i] == "".join(r.text for r in plain)
+
+
+def test_a_chat_keeps_its_quantized_cache_across_turns(pairs):
+    from dflash_mlx.chat import ChatSession, Settings
+
+    model, tok, draft = pairs("qwen3")
+
+    def answers(reuse: bool):
+        settings = Settings(max_tokens=12, kv_bits=4, kv_group_size=GROUP)
+        session = ChatSession(model, tok, draft, settings=settings, reuse_cache=reuse)
+        out = []
+        for text in ("hello there", "and then?"):
+            out.append([t for c in session.stream(text) for t in c.response.tokens])
+        assert all(isinstance(c, QuantizedKVCache) for c in session.cache.target)
+        return out, session.turns[-1].reused_tokens
+
+    warm, reused = answers(True)
+    cold, _ = answers(False)
+    assert warm == cold and reused > 0
