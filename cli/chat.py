@@ -116,6 +116,8 @@ def chat(
         help="Keep what you type (in the user cache) for ↑ and Ctrl-R next time.",
     ),
     pipeline: bool = options.pipeline(),
+    kv_bits: str | None = options.kv_bits(),
+    kv_group_size: str = options.kv_group_size(),
 ):
     """Chat in the terminal with live tok/s and acceptance length."""
     from dflash_mlx.chat import Settings
@@ -127,7 +129,10 @@ def chat(
     out = ui.console()
     with errors.usage(out):
         group = join(pipeline)
+        bits, group_size = options.parse_kv(kv_bits, kv_group_size)
         settings = Settings(
+            kv_bits=bits,
+            kv_group_size=group_size,
             temperature=temp,
             top_p=top_p,
             top_k=top_k,

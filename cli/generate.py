@@ -31,6 +31,8 @@ def generate(
     ),
     seed: int | None = typer.Option(None, "--seed", help="Random seed for sampling."),
     pipeline: bool = options.pipeline(),
+    kv_bits: str | None = options.kv_bits(),
+    kv_group_size: str = options.kv_group_size(),
     check: bool = typer.Option(
         False,
         "--check",
@@ -53,7 +55,10 @@ def generate(
             prompt = _read_prompt(prompt)
         validate.seed(seed)
         _check_options(check, temp, group)
+        bits, group_size = options.parse_kv(kv_bits, kv_group_size)
         settings = Settings(
+            kv_bits=bits,
+            kv_group_size=group_size,
             seed=seed,
             temperature=temp,
             top_p=top_p,
@@ -114,10 +119,14 @@ def _check_options(check: bool, temp: float, group):
 
 
 def _check(session, prompt_ids: list[int], tokens: list[int]):
-    """The answer against plain mlx-lm decoding of the same prompt (exactness.py)."""
+    """The answer against plain mlx-lm decoding of the same prompt, on the same KV
+    cache quantization (exactness.py)."""
     from dflash_mlx.engine.exactness import check
 
-    return check(session.model, session.tokenizer, prompt_ids, tokens)
+    s = session.settings
+    return check(
+        session.model, session.tokenizer, prompt_ids, tokens, s.kv_bits, s.kv_group_size
+    )
 
 
 def _report(err, exact):

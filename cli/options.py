@@ -85,6 +85,43 @@ def pipeline():
     )
 
 
+KV_BITS, KV_GROUP_SIZES = (4, 8), (32, 64, 128)
+
+
+def kv_bits():
+    return typer.Option(
+        None,
+        "--kv-bits",
+        help="Quantize the target's attention KV cache to 4 or 8 bits, from the "
+        "first prompt token (less memory in long sessions; greedy output equals "
+        "plain decoding with the same cache).",
+        metavar="4|8",
+        show_default=False,
+    )
+
+
+def kv_group_size():
+    return typer.Option(
+        "64",
+        "--kv-group-size",
+        metavar="32|64|128",
+        help="Group size of --kv-bits: 32, 64 or 128.",
+    )
+
+
+def _choice(text: str, choices: tuple[int, ...], option: str) -> int:
+    if text.strip() not in [str(c) for c in choices]:
+        names = ", ".join(map(str, choices[:-1])) + f" or {choices[-1]}"
+        raise typer.BadParameter(f"expected {names}, got {text!r}.", param_hint=option)
+    return int(text)
+
+
+def parse_kv(bits: str | None, group: str) -> tuple[int | None, int]:
+    """`--kv-bits` (None: a float cache) and `--kv-group-size`, as ints."""
+    size = _choice(group, KV_GROUP_SIZES, "--kv-group-size")
+    return (None if bits is None else _choice(bits, KV_BITS, "--kv-bits")), size
+
+
 def parse_block_size(text: str | None):
     """`--block-size` value: None, "auto", or an integer >= 1."""
     if text is None or text == "auto":

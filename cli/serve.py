@@ -148,6 +148,8 @@ def serve(
         help="Prompt lookup: copy proposals from the conversation where the text "
         "repeats, chosen per block against the drafter.",
     ),
+    kv_bits: str | None = options.kv_bits(),
+    kv_group_size: str = options.kv_group_size(),
 ):
     """Serve the model over HTTP (OpenAI, Anthropic and Responses APIs)."""
     from dflash_mlx.serve.config import ServeConfig
@@ -160,7 +162,10 @@ def serve(
     cache = _engine_options(
         prompt_cache_bytes, prompt_cache_dir, prompt_cache_disk_bytes, group
     )
-    cache.update(prefill_chunk=prefill_chunk, lookup=lookup)  # alike on every rank
+    bits, group_size = options.parse_kv(kv_bits, kv_group_size)
+    # alike on every rank; quantized caches decode one request at a time
+    cache.update(prefill_chunk=prefill_chunk, lookup=lookup)
+    cache.update(kv_bits=bits, kv_group_size=group_size)
     cache["max_kv_bytes"] = _memory_budget(max_kv_bytes)
     body_bytes = parse_bytes(max_body_bytes, "--max-body-bytes")
     warning = host_warning(host, api_key)

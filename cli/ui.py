@@ -242,6 +242,9 @@ def serve_banner(out: Console, config, note: str | None, device: str):
         )
     if note:
         out.print(Text(note, style="yellow"))
+    if getattr(config, "kv_bits", None):
+        kv = f"KV cache {config.kv_bits}-bit (groups of {config.kv_group_size})"
+        out.print(Text(f"{kv}: requests decode one at a time", style="dim"))
     out.print(Text(device, style="dim"), soft_wrap=True)
 
 

@@ -138,6 +138,8 @@ def stream_generate(
     seed: int | None = None,
     logprobs: int = 0,
     lookup: "bool | LookupIndex | None" = None,
+    kv_bits: int | None = None,
+    kv_group_size: int = 64,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate from `prompt`, yielding one response per verified block.
 
@@ -156,15 +158,20 @@ def stream_generate(
     where the text repeats (see `lookup_index`: by default on with "auto", which
     verifies a copy only where it beats the drafter's block); each response's `source`
     says what proposed its tokens.
+    `kv_bits` (2, 3, 4, 5, 6 or 8) quantizes the target's attention KV cache from the
+    first prompt token on, in groups of `kv_group_size` (32, 64 or 128) along the head
+    dimension, as mlx-lm's `QuantizedKVCache` (greedy output equals plain decoding with
+    the same quantized cache); a `prompt_cache` keeps the quantization it was made with.
     """
     from mlx_lm.generate import generation_stream, wired_limit
 
     validate.max_tokens(max_tokens)
+    kv = validate.kv_quantization(kv_bits, kv_group_size)
     params = SamplingParams(temperature, top_p, top_k, min_p)
     policy = _block_policy(block_size, draft, lookup)
     index = lookup_index(lookup, policy, draft)
     target, tokenizer, ids, prompt_cache = _inputs(
-        model, draft, tokenizer, prompt, prompt_cache
+        model, draft, tokenizer, prompt, prompt_cache, kv
     )
     detokenizer = tokenizer.detokenizer
     stop = frozenset(tokenizer.eos_token_ids)
@@ -192,8 +199,9 @@ def stream_generate(
             blocks.close()  # roll back a block still in flight, now rather than at GC
 
 
-def _inputs(model, draft, tokenizer, prompt, prompt_cache):
-    """(Target, wrapped tokenizer, prompt ids, prompt cache), checked."""
+def _inputs(model, draft, tokenizer, prompt, prompt_cache, kv=None):
+    """(Target, wrapped tokenizer, prompt ids, prompt cache), checked; `kv`: the
+    (bits, group size) of a quantized KV cache, or None."""
     if draft is not None:
         from .loading import check_compatible
 
@@ -204,10 +212,17 @@ def _inputs(model, draft, tokenizer, prompt, prompt_cache):
     if not ids:
         raise ValueError(_EMPTY_TEXT if prompt else _EMPTY_IDS)
     if prompt_cache is None:
-        prompt_cache = PromptCache(target, draft)
+        prompt_cache = PromptCache(target, draft, *(kv or (None, 64)))
     elif not prompt_cache.fits(target, draft):
         raise ValueError(
             "This prompt_cache belongs to another model/drafter pair: make a new one."
+        )
+    elif kv is not None and not prompt_cache.quantized_as(*kv):
+        raise ValueError(
+            f"This prompt_cache was made with kv_bits={prompt_cache.kv_bits}, "
+            f"kv_group_size={prompt_cache.kv_group_size}, not kv_bits={kv[0]}, "
+            f"kv_group_size={kv[1]}: make it with make_prompt_cache(model, draft, "
+            "kv_bits=..., kv_group_size=...), or leave kv_bits out to use it as it is."
         )
     return target, tokenizer, ids, prompt_cache
 
@@ -269,6 +284,10 @@ def generate(model, draft, tokenizer, prompt, verbose: bool = False, **kwargs) -
     return text
 
 
-def make_prompt_cache(model, draft=None) -> PromptCache:
-    """Caches to pass to `stream_generate(prompt_cache=...)` across calls."""
-    return PromptCache(as_target(model, draft), draft)
+def make_prompt_cache(
+    model, draft=None, kv_bits: int | None = None, kv_group_size: int = 64
+) -> PromptCache:
+    """Caches to pass to `stream_generate(prompt_cache=...)` across calls; `kv_bits`
+    quantizes the target's attention caches (see `stream_generate`)."""
+    validate.kv_quantization(kv_bits, kv_group_size)
+    return PromptCache(as_target(model, draft), draft, kv_bits, kv_group_size)

@@ -159,3 +159,24 @@ def block_size(value, largest: int | None) -> tuple[int, str | None]:
         )
         return largest, note
     return value, None
+
+
+KV_BITS = (2, 3, 4, 5, 6, 8)  # MLX's affine quantization widths
+KV_GROUP_SIZES = (32, 64, 128)
+
+
+def kv_quantization(bits, group_size) -> tuple[int, int] | None:
+    """None (a float KV cache) or (bits, group size) MLX can quantize keys with."""
+    if bits is None:
+        return None
+    if not is_int(bits) or bits not in KV_BITS:
+        raise ValueError(
+            f"kv_bits must be one of {', '.join(map(str, KV_BITS))} (or None for a "
+            f"float KV cache), got {bits!r}."
+        )
+    if not is_int(group_size) or group_size not in KV_GROUP_SIZES:
+        raise ValueError(
+            f"kv_group_size must be one of "
+            f"{', '.join(map(str, KV_GROUP_SIZES))}, got {group_size!r}."
+        )
+    return int(bits), int(group_size)

@@ -31,6 +31,8 @@ class Settings:
     color: bool = False
     markdown: bool = True  # answers rendered as Markdown (--plain: raw text)
     seed: int | None = None  # sampling seed; turn i draws with seed + i
+    kv_bits: int | None = None  # the target's KV cache quantized (None: float)
+    kv_group_size: int = 64
 
     def __post_init__(self):
         """Refuse nonsense at once (the CLI checks its options here, before loading)."""
@@ -38,6 +40,7 @@ class Settings:
 
         SamplingParams(self.temperature, self.top_p, self.top_k, self.min_p)
         validate.max_tokens(self.max_tokens)
+        validate.kv_quantization(self.kv_bits, self.kv_group_size)
         if self.block_size not in (None, "auto"):
             validate.block_size(self.block_size, None)
 
@@ -70,12 +73,18 @@ class ChatSession:
         self.context = context_length(model)
         self.messages: list[dict] = []
         self.turns: list[TurnStats] = []
-        self.cache = make_prompt_cache(model, draft)
+        self.cache = self._new_cache()
         self._last: conversation.Exchange | None = None  # the last prompt + answer
         # "auto"'s policy, e.g. calibrated by the CLI's warm-up (engine/calibrate.py)
         self._adaptive: AdaptiveBlockSize | None = policy
         # prompt lookup's index of the whole conversation, extended turn by turn
         self.lookup = LookupIndex()
+
+    def _new_cache(self):
+        """Empty caches for this session's pair, its KV cache quantized as the
+        settings say."""
+        s = self.settings
+        return make_prompt_cache(self.model, self.draft, s.kv_bits, s.kv_group_size)
 
     # -- prompts ----------------------------------------------------------------------
     @property
@@ -156,7 +165,7 @@ class ChatSession:
     def reset(self):
         self.messages.clear()
         self._last = None
-        self.cache = make_prompt_cache(self.model, self.draft)
+        self.cache = self._new_cache()
         self.lookup.clear()
 
     def _cache_ok(self) -> bool:
@@ -200,7 +209,7 @@ class ChatSession:
     ) -> Generator[Chunk, None, None]:
         s = self.settings
         if not self.reuse_cache:
-            self.cache = make_prompt_cache(self.model, self.draft)
+            self.cache = self._new_cache()
         self.messages.append(user)
         turn = Turn(
             self.mode, self.block_size, conversation.opens_thinking(prompt_text)
@@ -233,7 +242,7 @@ class ChatSession:
             gen.close()
             if failed:  # an error: drop the turn, start the caches afresh
                 self.messages.pop()
-                self.cache = make_prompt_cache(self.model, self.draft)
+                self.cache = self._new_cache()
                 self._last = None
             else:
                 self._finish(turn)
@@ -258,7 +267,7 @@ class ChatSession:
             message["interrupted"] = True
         self.messages.append(message)
         if not self._cache_ok():
-            self.cache = make_prompt_cache(self.model, self.draft)
+            self.cache = self._new_cache()
 
     # -- commands, statistics, transcript ---------------------------------------------
     def command(self, line: str) -> tuple[str, str]:

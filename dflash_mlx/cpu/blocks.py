@@ -6,7 +6,10 @@ It calls the layer's own submodules in the same order, so quantized weights and 
 layers (whose all-reduces live inside `o_proj`/`down_proj`) keep working. Plain decoding
 through it is ~1.1x mlx-lm's on a CPU (cheaper exp and one rotary table per forward).
 tests/test_cpu_blocks.py compares it with mlx-lm's own forward on each family, so a
-change in mlx-lm's block fails there. Quantized KV caches go to mlx-lm's own block.
+change in mlx-lm's block fails there. On a quantized KV cache (mlx-lm's
+`QuantizedKVCache`), the attention is mlx-lm's `quantized_scaled_dot_product_attention`
+and everything around it stays on these kernels (so its keys, quantized per token,
+are the same bits in a verify block as in a step).
 """
 
 import mlx.nn as nn
@@ -37,7 +40,7 @@ class CpuBlock:
 
     def __call__(self, x, mask=None, cache=None):
         layer = self.layer
-        if cache is None or hasattr(cache, "bits"):
+        if cache is None:
             return layer(x, mask, cache)
         attn, mlp = layer.self_attn, layer.mlp
         kernels = self.kernels
@@ -61,10 +64,21 @@ class CpuBlock:
         k, v = cache.update_and_fetch(k, v)
         if positions is not None:
             mask = RaggedMask(cache.visible(L))
-        out = kernels.attention(q, k, v, attn.scale, mask)
+        if hasattr(cache, "bits"):
+            out = _quantized_attention(q, k, v, attn.scale, mask, cache)
+        else:
+            out = kernels.attention(q, k, v, attn.scale, mask)
         h = x + linear(attn.o_proj, out.transpose(0, 2, 1, 3).reshape(B, L, -1))
         y = kernels.norm(layer.post_attention_layernorm, h)
         return h + linear(mlp.down_proj, kernels.gated(mlp.gate_proj, mlp.up_proj, y))
+
+
+def _quantized_attention(q, k, v, scale, mask, cache):
+    from mlx_lm.models.base import quantized_scaled_dot_product_attention
+
+    return quantized_scaled_dot_product_attention(
+        q, k, v, scale=scale, mask=mask, group_size=cache.group_size, bits=cache.bits
+    )
 
 
 def cpu_blocks(model_type: str, layers: list, kernels: Kernels) -> list | None:

@@ -135,28 +135,46 @@ def classify(
     return Exactness(verdict, tuple(differences), len(output))
 
 
-def referee(model, tokenizer, prompt: list[int]):
+def referee(model, tokenizer, prompt: list[int], kv_bits=None, kv_group_size=64):
     """(next_logits, continue_plain) for `classify`, from an mlx-lm model: one full
-    forward for the logits, mlx-lm's own greedy decoding to continue."""
+    forward for the logits, mlx-lm's own greedy decoding to continue; with `kv_bits`,
+    both on the target's KV cache quantized as DFlash's was (`Target.make_cache`)."""
     import mlx_lm
 
+    def caches():
+        if kv_bits is None:
+            return None
+        from ..models.target import Target
+
+        return Target(model).make_cache(kv_bits, kv_group_size)
+
     def next_logits(prefix: list[int]) -> mx.array:
-        return model(mx.array([prompt + prefix]))[0, -1]
+        return model(mx.array([prompt + prefix]), cache=caches())[0, -1]
 
     def continue_plain(prefix: list[int], n: int) -> list[int]:
         if n <= 0:
             return []
         ids = prompt + prefix
-        return [
-            r.token for r in mlx_lm.stream_generate(model, tokenizer, ids, max_tokens=n)
-        ]
+        steps = mlx_lm.stream_generate(
+            model, tokenizer, ids, max_tokens=n, prompt_cache=caches()
+        )
+        return [r.token for r in steps]
 
     return next_logits, continue_plain
 
 
-def check(model, tokenizer, prompt: list[int], output: list[int]) -> Exactness:
+def check(
+    model,
+    tokenizer,
+    prompt: list[int],
+    output: list[int],
+    kv_bits=None,
+    kv_group_size=64,
+) -> Exactness:
     """`output` (DFlash's greedy tokens for `prompt`) against plain mlx-lm greedy
     decoding of the same prompt, as many tokens long: `generate --check`."""
-    next_logits, continue_plain = referee(model, tokenizer, prompt)
+    next_logits, continue_plain = referee(
+        model, tokenizer, prompt, kv_bits, kv_group_size
+    )
     reference = continue_plain([], len(output))
     return classify(reference, output, next_logits, continue_plain)

@@ -26,9 +26,17 @@ class PromptCache:
     may lag behind by the plain blocks since its last draft: engine/loop.py.)
     """
 
-    def __init__(self, target: Target, draft=None):
+    def __init__(
+        self,
+        target: Target,
+        draft=None,
+        kv_bits: int | None = None,
+        kv_group_size: int = 64,
+    ):
         self.target_model = target.model
         self.draft_model = draft
+        # the target's attention caches quantized (Target.make_cache), or None
+        self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
         self._owner: object | None = None
         self.reset(target)
 
@@ -57,7 +65,7 @@ class PromptCache:
         return sum(a.nbytes for a in arrays.values() if isinstance(a, mx.array))
 
     def reset(self, target: Target):
-        self.target = target.make_cache()
+        self.target = target.make_cache(self.kv_bits, self.kv_group_size)
         self.draft = (
             self.draft_model.make_cache() if self.draft_model is not None else None
         )
@@ -65,6 +73,12 @@ class PromptCache:
 
     def fits(self, target: Target, draft) -> bool:
         return self.target_model is target.model and self.draft_model is draft
+
+    def quantized_as(self, kv_bits: int | None, kv_group_size: int) -> bool:
+        """Whether the target's caches are quantized as asked (kv_bits None: float)."""
+        if kv_bits is None:
+            return self.kv_bits is None
+        return (self.kv_bits, self.kv_group_size) == (kv_bits, kv_group_size)
 
     def _trimmable(self) -> bool:
         return all(c.is_trimmable() for c in self.target)

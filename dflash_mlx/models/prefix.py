@@ -1,7 +1,8 @@
 """Prompts served before, kept for the next request that starts the same way.
 
 A radix tree over token ids. Each node holds a span of tokens and, for every layer
-whose cache is a plain KV history (attention), the keys and values of that span, so a
+whose cache is a KV history (attention; a quantized one holds (packed, scales,
+biases) for the keys and for the values), the keys and values of that span, so a
 prefix several conversations share (an agent's system prompt and tools) is stored
 once. Layers whose cache cannot be cut at any position (GatedDeltaNet states, a
 drafter's sliding window) are kept as snapshots of their state at chosen node ends: the
@@ -20,11 +21,23 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import mlx.core as mx
-from mlx_lm.models.cache import ArraysCache, KVCache
+from mlx.utils import tree_flatten
+from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
 
 from .cache import PromptCache
 
 KV, STATE = "kv", "state"
+HISTORIES = (KVCache, QuantizedKVCache)  # caches that can be cut at any position
+
+
+def each(x, f):
+    """`f` over an array, or over each array of a quantized (packed, scales, biases)."""
+    return tuple(f(a) for a in x) if isinstance(x, tuple) else f(x)
+
+
+def nbytes(spans) -> int:
+    flat = dict(tree_flatten([s for s in spans if s]))
+    return sum(a.nbytes for a in flat.values() if isinstance(a, mx.array))
 
 
 @dataclass(frozen=True)
@@ -56,7 +69,7 @@ def layer_kinds(cache: PromptCache) -> list[str | None]:
     None (no cache)."""
     kinds: list[str | None] = []
     for c in layers(cache):
-        kinds.append(None if c is None else KV if type(c) is KVCache else STATE)
+        kinds.append(None if c is None else KV if type(c) in HISTORIES else STATE)
     return kinds
 
 
@@ -65,7 +78,7 @@ def take_snapshot(cache: PromptCache) -> Snapshot:
     written in place by their caches, so holding them is a copy."""
     out: Snapshot = []
     for c in layers(cache):
-        if c is None or type(c) is KVCache:
+        if c is None or type(c) in HISTORIES:
             out.append(None)
         elif isinstance(c, ArraysCache):
             out.append(Arrays(tuple(c.cache)))
@@ -236,12 +249,11 @@ class PrefixStore:
             if kind != KV:
                 spans.append(None)
                 continue
-            keys, values = c.keys_and_values()
-            span = (keys[..., start:, :], values[..., start:, :])
-            spans.append(tuple(mx.contiguous(a) for a in span))  # not a view of it
+            span = [each(a, lambda x: x[..., start:, :]) for a in c.keys_and_values()]
+            spans.append(tuple(each(a, mx.contiguous) for a in span))  # not a view
         mx.eval([s for s in spans if s])
         child = Node(tokens[start:], parent, {}, spans, used=time.monotonic())
-        child.nbytes = sum(a.nbytes for s in spans if s for a in s)
+        child.nbytes = nbytes(spans)
         parent.children[child.tokens[0]] = child
         self.nbytes += child.nbytes
         return child
@@ -256,14 +268,18 @@ class PrefixStore:
                 upper.spans.append(None)
                 lower.append(None)
                 continue
-            upper.spans.append(tuple(mx.contiguous(a[..., :at, :]) for a in span))
-            lower.append(tuple(mx.contiguous(a[..., at:, :]) for a in span))
+            upper.spans.append(
+                tuple(each(a, lambda x: mx.contiguous(x[..., :at, :])) for a in span)
+            )
+            lower.append(
+                tuple(each(a, lambda x: mx.contiguous(x[..., at:, :])) for a in span)
+            )
         mx.eval([s for s in upper.spans + lower if s])
         node.spans = lower
         node.parent.children[node.tokens[0]] = upper
         node.tokens, node.parent = node.tokens[at:], upper
         upper.children[node.tokens[0]] = node
-        kv = sum(a.nbytes for s in upper.spans if s for a in s)
+        kv = nbytes(upper.spans)
         upper.nbytes, node.nbytes = kv, node.nbytes - kv
         return upper
 
@@ -326,11 +342,14 @@ class PrefixStore:
                 self._drop(node)
 
 
-def _laid_out(spans: list, length: int, room: int) -> mx.array:
+def _laid_out(spans: list, length: int, room: int) -> mx.array | tuple:
     """A KV layer's first `length` positions from its spans, in one buffer with space
     for `room` more and at least a KVCache step beyond (rounded up to the step): the
     rest of the prompt and the answer's first blocks are written there instead of
-    the cache copying the whole history to grow."""
+    the cache copying the whole history to grow. A quantized layer's spans are
+    (packed, scales, biases): each laid out alike."""
+    if isinstance(spans[0], tuple):
+        return tuple(_laid_out(list(p), length, room) for p in zip(*spans, strict=True))
     parts, start = [], 0
     for span in spans:
         if start >= length:

@@ -1,7 +1,9 @@
 """Prefixes kept on disk: what the RAM prefix store evicts, and what survives a restart.
 
 One safetensors file per prefix in a folder of the server's own (`--prompt-cache-dir`):
-the keys and values of every KV layer over the whole prefix, the states of the other
+the keys and values of every KV layer over the whole prefix (`i.k`, `i.v`; a quantized
+layer's packed codes, scales and biases as `i.k0`..`i.k2`, `i.v0`..`i.v2`), the states
+of the other
 layers at its end, and in the header the token ids and a fingerprint of the model pair
 and package version. A file whose fingerprint differs (another model, drafter or
 version), or that cannot be read, is skipped with a warning and removed. A file is
@@ -35,13 +37,15 @@ class FolderBusy(Exception):
     """Another process holds the folder's lock."""
 
 
-def fingerprint(target, draft, version: str) -> str:
+def fingerprint(target, draft, version: str, kv: str = "") -> str:
     """A digest of the pair's parameters (names, shapes, dtypes, and the first and
-    last values of each: two fine-tunes of one architecture differ there) and of
-    the package version."""
+    last values of each: two fine-tunes of one architecture differ there), of
+    the package version and of `kv`, the KV cache's quantization ("" when float)."""
     from mlx.utils import tree_flatten
 
     digest = hashlib.sha256(f"{FORMAT} {version}".encode())
+    if kv:
+        digest.update(f" kv {kv}".encode())
     for model in (target.model, draft):
         flat = tree_flatten(model.parameters()) if model is not None else []
         params: dict[str, mx.array] = dict(flat)  # type: ignore[arg-type]
@@ -217,8 +221,8 @@ def _arrays(path, kinds) -> tuple[dict, dict]:
     snapshot = path[-1].snapshot or [None] * len(kinds)
     for i, kind in enumerate(kinds):
         if kind == KV:
-            arrays[f"{i}.k"] = mx.concatenate([n.spans[i][0] for n in path], axis=2)
-            arrays[f"{i}.v"] = mx.concatenate([n.spans[i][1] for n in path], axis=2)
+            for j, name in enumerate((f"{i}.k", f"{i}.v")):
+                _joined(arrays, name, [n.spans[i][j] for n in path])
         elif kind == STATE and isinstance(snapshot[i], Arrays):
             for j, a in enumerate(snapshot[i].arrays):
                 if a is not None:
@@ -231,15 +235,34 @@ def _arrays(path, kinds) -> tuple[dict, dict]:
     return arrays, windows
 
 
+def _joined(arrays: dict, name: str, spans: list):
+    """A KV layer's spans as one array `name`, or a quantized layer's as `name0`,
+    `name1`, `name2` (packed codes, scales, biases)."""
+    if not isinstance(spans[0], tuple):
+        arrays[name] = mx.concatenate(spans, axis=2)
+        return
+    for j, parts in enumerate(zip(*spans, strict=True)):
+        arrays[f"{name}{j}"] = mx.concatenate(list(parts), axis=2)
+
+
+def _cut(arrays: dict, name: str, length: int):
+    """The first `length` positions of what `_joined` wrote as `name`."""
+    if name in arrays:
+        return arrays[name][..., :length, :]
+    return tuple(arrays[f"{name}{j}"][..., :length, :] for j in range(3))
+
+
 def _fill(cache, arrays: dict, meta: dict, length: int):
     """Give a fresh PromptCache the first `length` tokens of a file's arrays."""
     stateful = False
     for i, c in enumerate(layers(cache)):
         if c is None:
             continue
-        if f"{i}.k" in arrays:
-            c.keys = arrays[f"{i}.k"][..., :length, :]
-            c.values = arrays[f"{i}.v"][..., :length, :]
+        if f"{i}.k" in arrays or f"{i}.k0" in arrays:
+            if hasattr(c, "bits") != (f"{i}.k0" in arrays):
+                raise ValueError(f"layer {i} is quantized differently")
+            c.keys = _cut(arrays, f"{i}.k", length)
+            c.values = _cut(arrays, f"{i}.v", length)
             c.offset = length
             continue
         stateful = True

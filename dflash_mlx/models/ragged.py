@@ -209,9 +209,11 @@ class BatchCaches:
         self.rows = 0
 
     @staticmethod
-    def supports(target) -> str | None:
-        """None if a target's caches can be batched, else what stops it."""
-        kinds = {type(c).__name__ for c in target.make_cache() if c is not None}
+    def supports(target, caches=None) -> str | None:
+        """None if a target's caches (`caches`, default its float ones) can be
+        batched, else what stops it (a QuantizedKVCache among them, for one)."""
+        caches = target.make_cache() if caches is None else caches
+        kinds = {type(c).__name__ for c in caches if c is not None}
         odd = kinds - {"KVCache", "ArraysCache"}
         return f"its {', '.join(sorted(odd))} caches" if odd else None
 

@@ -33,10 +33,12 @@ import mlx.nn as nn
 from mlx_lm.models.cache import (
     ArraysCache,
     KVCache,
+    QuantizedKVCache,
     RotatingKVCache,
     make_prompt_cache,
 )
 
+from .. import validate
 from ..backend import for_device
 from ..kernels import Kernels
 from .taps import DeltaTap, KernelNorm, LayerTap, Recording, view
@@ -115,6 +117,14 @@ def _rollable(cache) -> bool:
     return cache is None or bool(getattr(cache, "is_trimmable", lambda: False)())
 
 
+def _kv_sources(inner: nn.Module) -> set[int]:
+    """Layers whose keys and values later layers read (Gemma 4's KV sharing). A
+    sharing layer gets them with no cache of its own, so mlx-lm's attention there
+    cannot take quantized ones: these layers' caches stay float."""
+    previous = getattr(inner, "previous_kvs", None) or []
+    return {p for i, p in enumerate(previous) if p != i}
+
+
 def _head_transform(lm: nn.Module) -> tuple[float, float | None]:
     """(multiplier, soft-cap) that the model applies to its head's output, in that
     order: Gemma keeps the cap on the model, Muse Glimmer both in its args."""
@@ -175,6 +185,7 @@ class Target:
             )
         self.kernels = kernels or for_device()
         self._recording = Recording(frozenset(self.feature_layer_ids))
+        self._kv_checked: set[tuple[int, int]] = set()
         self._view = self._make_view()
         self._check_rollback()
         self.embed_tokens = self.inner.embed_tokens
@@ -232,11 +243,51 @@ class Target:
     def dtype(self):
         return self.inner.norm.weight.dtype
 
-    def make_cache(self) -> list[Any]:
+    def make_cache(
+        self, kv_bits: int | None = None, kv_group_size: int = 64
+    ) -> list[Any]:
         """Per-layer caches that can all be rolled back (rotating caches become plain
-        KV caches: the model's own masks keep the window)."""
+        KV caches: the model's own masks keep the window). With `kv_bits`, the
+        attention layers' plain KV caches are mlx-lm's `QuantizedKVCache` from the
+        first token on; sliding-window layers, recurrent states and the caches whose
+        keys other layers share stay as they are."""
+        kv = validate.kv_quantization(kv_bits, kv_group_size)
+        if kv is not None and kv not in self._kv_checked:
+            self._check_kv(kv)
+        return self._caches(kv)
+
+    def _caches(self, kv: tuple[int, int] | None) -> list[Any]:
         cache = make_prompt_cache(self.model)  # one per local layer when pipelined
-        return [KVCache() if isinstance(c, RotatingKVCache) else c for c in cache]
+        shared = _kv_sources(self.inner) if kv is not None else set()
+        out = []
+        for i, c in enumerate(cache):
+            if isinstance(c, RotatingKVCache):
+                c = KVCache()
+            elif kv is not None and type(c) is KVCache and i not in shared:
+                c = QuantizedKVCache(group_size=kv[1], bits=kv[0])
+            out.append(c)
+        return out
+
+    def _check_kv(self, kv: tuple[int, int]):
+        """A ValueError unless the attention runs on caches quantized as `kv`: one
+        token through the layers, built lazily and never evaluated (MLX checks the
+        shapes as it builds the graph), so it costs no compute."""
+        if self.group is None:
+            try:
+                self(mx.array([[0]]), self._caches(kv))
+            except (ValueError, TypeError) as e:
+                bits, group = kv
+                fix = (
+                    "use a kv_group_size that divides its head size, or no kv_bits"
+                    if "divisible" in str(e)
+                    else "decode it without kv_bits"
+                )
+                raise ValueError(
+                    f"The {self.model_type} target's attention cannot use a KV cache "
+                    f"quantized to {bits} bits in groups of {group} "
+                    f"({str(e).splitlines()[0]}): {fix}."
+                ) from None
+        self._kv_checked.add(kv)
 
     def embed(self, tokens: mx.array) -> mx.array:
         h = self.embed_tokens(tokens)

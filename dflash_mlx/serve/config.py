@@ -28,8 +28,15 @@ class ServeConfig:
     max_kv_bytes: int = 0  # the decoding batch's caches at most (0: no limit)
     max_body_bytes: int = 16 << 20
     api_key: str | None = None
+    # the target's attention KV cache quantized (None: float); requests then decode
+    # one at a time, each on its own caches (the batch's caches are float)
+    kv_bits: int | None = None
+    kv_group_size: int = 64
 
     def __post_init__(self):
+        from ..validate import kv_quantization
+
+        kv_quantization(self.kv_bits, self.kv_group_size)
         if self.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}.")
         if self.prefill_chunk < 1:

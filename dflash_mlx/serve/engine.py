@@ -4,8 +4,9 @@ then decoded together in one batch (engine/batch.py).
 `ServeEngine` makes explicit moves: admit a job, prefill one chunk of a sequence, step
 the decoding sequences, end a sequence. The scheduler decides when each happens; on a
 sharded target every rank makes the same moves in the same order (serve/mirror.py).
-Targets whose caches cannot be batched (models/ragged.py says which) decode one block
-per sequence per step instead, each on its own caches.
+Targets whose caches cannot be batched (models/ragged.py says which), and quantized KV
+caches (`--kv-bits`: the batch's caches are float), decode one block per sequence per
+step instead, each on its own caches.
 """
 
 import logging
@@ -82,7 +83,7 @@ class ServeEngine:
     ):
         self.target, self.draft, self.store = target, draft, store
         self.stop_tokens, self.prefill_chunk = stop_tokens, prefill_chunk
-        reason = BatchCaches.supports(target)
+        reason = BatchCaches.supports(target, store.make_cache().target)
         if reason is not None:
             log.warning("decoding one sequence at a time: %s", reason)
         lane = Batch if reason is None else Solo

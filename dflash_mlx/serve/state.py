@@ -95,7 +95,8 @@ def build_engine(target, tokenizer, draft, config: ServeConfig, follower=False):
     if follower and budget:
         budget = sys.maxsize  # it forgets what rank 0's store evicts, no more
     spill = None if follower else open_spill(target, draft, config)
-    store = PrefixStore(lambda: make_prompt_cache(target, draft), budget, spill)
+    kv = (config.kv_bits, config.kv_group_size)
+    store = PrefixStore(lambda: make_prompt_cache(target, draft, *kv), budget, spill)
     stops = frozenset(tokenizer.eos_token_ids)
     return ServeEngine(
         target,
@@ -117,7 +118,8 @@ def open_spill(target, draft, config: ServeConfig):
 
     if config.prompt_cache_dir is None or not config.prompt_cache_disk_bytes:
         return None
-    mark = fingerprint(target, draft, __version__)
+    kv = f"{config.kv_bits}/{config.kv_group_size}" if config.kv_bits else ""
+    mark = fingerprint(target, draft, __version__, kv)
     try:
         return DiskSpill(config.prompt_cache_dir, config.prompt_cache_disk_bytes, mark)
     except FolderBusy as e:
