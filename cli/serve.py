@@ -43,8 +43,14 @@ def _load(model, draft, no_draft, draft_bits, out, group=None):
         target, tokenizer = load(model, distributed=group)
         drafter = None
         if draft:
+            # the whole context: the prefix cache then cuts the drafter's KV at any
+            # token, where a bounded window allows only its snapshot points
             drafter = load_draft(
-                draft, target=target, bits=draft_bits, distributed=group
+                draft,
+                target=target,
+                bits=draft_bits,
+                sliding_window_size=None,
+                distributed=group,
             )
         # compiles the kernels; kept timings spare a full calibration (one process)
         timings = _timings(model, draft) if group is None else None

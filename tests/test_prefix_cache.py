@@ -28,7 +28,8 @@ def pairs(tiny_pair):
         if key not in loaded:
             t, d = tiny_pair(family, **draft_kwargs)
             model, tok = load(str(t))
-            draft = load_draft(str(d), target=model)
+            # as `serve` loads it: the whole context, a KV history cut anywhere
+            draft = load_draft(str(d), target=model, sliding_window_size=None)
             loaded[key] = (as_target(model, draft), draft, tok)
         return loaded[key]
 

@@ -37,6 +37,7 @@ from ..models.target import Target
 from ..sampling import SamplingParams, SeededNoise, token_logprobs
 from .lookup import LookupIndex
 from .policy import MAX_LOOKUP, AdaptiveBlockSize, FixedBlockSize
+from .prefill import prefill
 from .sources import DRAFT, LOOKUP, Plan
 from .step import Step, TokenLogprobs, accept, logprob_rows
 
@@ -65,23 +66,6 @@ def as_target(model, draft) -> Target:
         return model
     ids = draft.args.target_layer_ids if draft is not None else ()
     return Target(model, ids)
-
-
-def _prefill(
-    target: Target, draft, cache: PromptCache, ids: list[int], step: int
-) -> mx.array:
-    """Feed `ids` through the target (and their features to the drafter); the last
-    position's logits."""
-    for start in range(0, len(ids), step):
-        chunk = mx.array(ids[start : start + step])[None]
-        hidden, features = target(chunk, cache.target)
-        if draft is not None:
-            draft.absorb(features, cache.draft)
-        if start + step < len(ids):
-            mx.eval([c.state for c in cache.target + (cache.draft or [])])
-            mx.clear_cache()
-    cache.tokens.extend(ids)
-    return target.logits(hidden[:, -1])[0]
 
 
 def generate_blocks(
@@ -223,7 +207,7 @@ class _Run:
         """Feed the prompt (after the cached prefix); the first token as a Block."""
         target, cache = self.target, self.cache
         reused = cache.reuse(target, prompt)
-        logits = _prefill(target, self.draft, cache, list(prompt[reused:]), step)
+        logits = prefill(target, self.draft, cache, list(prompt[reused:]), step)
         noise = None  # the first token's position: just after the prompt
         if self.seeded is not None and not self.params.greedy:
             noise = self.seeded.at(len(cache.tokens), 1, target.vocab_size)

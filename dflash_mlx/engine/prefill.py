@@ -11,20 +11,43 @@ from .step import TokenLogprobs, accept, logprob_rows
 
 
 def prefill(
-    target: Target, draft, cache: PromptCache, ids: list[int], step: int
+    target: Target,
+    draft,
+    cache: PromptCache,
+    ids: list[int],
+    step: int,
 ) -> mx.array:
     """Feed `ids` through the target (and their features to the drafter), `step`
-    tokens a forward; the last position's logits."""
+    tokens a forward; the last position's logits.
+
+    The drafter takes in only the positions its layers can read from the end of
+    `ids` (`draft.reach()`): on a long prompt its cost stops growing with the
+    prompt, and after every call its context is what a full absorb would leave (a
+    server prefilling chunk by chunk keeps that at every chunk's end)."""
+    reach = None if draft is None else draft.reach()
+    read_from = 0 if reach is None else len(ids) - reach
     for start in range(0, len(ids), step):
         chunk = mx.array(ids[start : start + step])[None]
         hidden, features = target(chunk, cache.target)
         if draft is not None:
-            draft.absorb(features, cache.draft)
+            _absorb(draft, cache.draft, features, read_from - start)
         if start + step < len(ids):
             mx.eval([c.state for c in cache.target + (cache.draft or [])])
             mx.clear_cache()
     cache.tokens.extend(ids)
     return target.logits(hidden[:, -1])[0]
+
+
+def _absorb(draft, cache, features: mx.array, unread: int):
+    """The drafter takes in a chunk's features but for its first `unread`
+    positions, which no layer will read."""
+    unread = min(max(unread, 0), features.shape[1])
+    if not all(hasattr(c, "skip") for c in cache):  # a cache made with no window
+        unread = 0
+    if unread:
+        draft.skip(unread, cache)
+    if unread < features.shape[1]:
+        draft.absorb(features[:, unread:], cache)
 
 
 def first_token(

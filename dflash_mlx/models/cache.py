@@ -123,6 +123,11 @@ class WindowedKVCache:
         self.offset += keys.shape[2]
         return self.keys, self.values
 
+    def skip(self, n: int):
+        """Positions that will never be read: counted, not kept (whatever this cache
+        held is older still, and goes once `window` new positions come)."""
+        self.offset += n
+
     def evict(self):
         if self._size > self.window:
             self.keys = self.keys[..., self._size - self.window : self._size, :]

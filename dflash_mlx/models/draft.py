@@ -6,6 +6,8 @@ Context (fused target features) is absorbed into a per-layer KV cache once; a bl
 is then drafted in one forward whose own keys/values are dropped afterwards.
 """
 
+from typing import cast
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx_lm.models.cache import KVCache
@@ -103,15 +105,32 @@ class Model(nn.Module):
 
         `context_window` bounds every layer's context (drafts only, output stays exact).
         """
-        caches = []
-        context_window = context_window or self.context_window
+        windows = self._windows(context_window or self.context_window)
+        return [KVCache() if w is None else WindowedKVCache(w) for w in windows]
+
+    def _windows(self, context_window: int | None) -> list[int | None]:
+        """Each layer's window on the context (None: all of it)."""
+        windows = []
         for layer in self.layers:
             window = context_window
             if layer.layer_type == "sliding_attention":
                 own = (self.args.sliding_window or 1) - 1  # checked at load
                 window = own if window is None else min(window, own)
-            caches.append(KVCache() if window is None else WindowedKVCache(window))
-        return caches
+            windows.append(window)
+        return windows
+
+    def reach(self) -> int | None:
+        """How many of the latest context positions any layer reads (None: all): a
+        prefill need not absorb the positions before them."""
+        windows = self._windows(self.context_window)
+        return None if None in windows else max(cast(list[int], windows))
+
+    def skip(self, n: int, cache: list):
+        """Advance the context caches past `n` positions no layer will read (RoPE
+        positions stay absolute); only on caches of `make_cache` with a bounded
+        `reach`."""
+        for c in cache:
+            c.skip(n)
 
     def absorb(self, features: mx.array, cache: list[KVCache], counts=None):
         """Feed fused target features of newly committed tokens into the context
