@@ -51,3 +51,38 @@ def test_greedy_past_the_window_equals_plain_decoding(pair, window):
 def test_a_window_that_is_not_a_size_is_refused(pair, bad):
     with pytest.raises(ValueError, match="sliding_window_size must be"):
         load_draft(str(pair[2]), sliding_window_size=bad)
+
+
+@pytest.mark.parametrize("window", [64, "auto"])
+def test_prefill_absorbs_only_what_the_drafter_reads(pair, window):
+    """The drafter's context after a long prefill is the one a full absorb leaves,
+    and only the positions it can read went through it."""
+    from dflash_mlx.engine.prefill import prefill
+    from dflash_mlx.generate import make_prompt_cache
+    from dflash_mlx.models.target import Target
+
+    model, _, d = pair
+    draft = load_draft(str(d), target=model, sliding_window_size=window)
+    reach = draft.reach()
+    prompt = [(5 * i + 1) % 250 + 4 for i in range(LONG)]
+    absorbed = []
+    absorb = draft.absorb
+
+    def counted(features, cache, counts=None):
+        absorbed.append(features.shape[1])
+        return absorb(features, cache, counts)
+
+    target = Target(model, draft.args.target_layer_ids)
+    full = make_prompt_cache(model, draft)
+    for i in range(0, LONG, 1024):  # every position through the drafter
+        _, features = target(mx.array([prompt[i : i + 1024]]), full.target)
+        absorb(features, full.draft)
+    draft.absorb = counted  # this instance only
+    cache = make_prompt_cache(model, draft)
+    prefill(target, draft, cache, prompt, 1024)
+    assert sum(absorbed) == reach < LONG
+    for got, want in zip(cache.draft, full.draft, strict=True):
+        assert got.offset == want.offset == LONG
+        for a, b in zip(got.kept(), want.kept(), strict=True):
+            assert a.shape == b.shape
+            assert mx.allclose(a, b, atol=1e-4).item()
