@@ -285,9 +285,15 @@ def generate(model, draft, tokenizer, prompt, verbose: bool = False, **kwargs) -
 
 
 def make_prompt_cache(
-    model, draft=None, kv_bits: int | None = None, kv_group_size: int = 64
+    model,
+    draft=None,
+    kv_bits: int | None = None,
+    kv_group_size: int = 64,
+    windows: bool = True,
 ) -> PromptCache:
     """Caches to pass to `stream_generate(prompt_cache=...)` across calls; `kv_bits`
-    quantizes the target's attention caches (see `stream_generate`)."""
+    quantizes the target's attention caches (see `stream_generate`). Sliding-window
+    layers keep only their window (and a little more) unless `windows` is False."""
     validate.kv_quantization(kv_bits, kv_group_size)
-    return PromptCache(as_target(model, draft), draft, kv_bits, kv_group_size)
+    target = as_target(model, draft)
+    return PromptCache(target, draft, kv_bits, kv_group_size, windows)

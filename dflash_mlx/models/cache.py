@@ -32,11 +32,14 @@ class PromptCache:
         draft=None,
         kv_bits: int | None = None,
         kv_group_size: int = 64,
+        windows: bool = True,
     ):
         self.target_model = target.model
         self.draft_model = draft
         # the target's attention caches quantized (Target.make_cache), or None
         self.kv_bits, self.kv_group_size = kv_bits, kv_group_size
+        # bounded caches for sliding-window layers (Target.make_cache)
+        self.windows = windows
         self._owner: object | None = None
         self.reset(target)
 
@@ -65,7 +68,7 @@ class PromptCache:
         return sum(a.nbytes for a in arrays.values() if isinstance(a, mx.array))
 
     def reset(self, target: Target):
-        self.target = target.make_cache(self.kv_bits, self.kv_group_size)
+        self.target = target.make_cache(self.kv_bits, self.kv_group_size, self.windows)
         self.draft = (
             self.draft_model.make_cache() if self.draft_model is not None else None
         )
@@ -80,15 +83,19 @@ class PromptCache:
             return self.kv_bits is None
         return (self.kv_bits, self.kv_group_size) == (kv_bits, kv_group_size)
 
-    def _trimmable(self) -> bool:
-        return all(c.is_trimmable() for c in self.target)
+    def _trimmable(self, n: int) -> bool:
+        def can(c) -> bool:
+            by = getattr(c, "trimmable_by", None)
+            return c.is_trimmable() if by is None else by(n)
+
+        return all(can(c) for c in self.target)
 
     def reuse(self, target: Target, prompt: Sequence[int]) -> int:
         """Keep the longest cached prefix of `prompt` (at least one token stays new)."""
         keep = min(_common_prefix(self.tokens, prompt), len(prompt) - 1)
         drop = len(self.tokens) - keep
         if drop > 0:
-            if not self._trimmable():
+            if not self._trimmable(drop):
                 self.reset(target)
                 return 0
             for c in self.target + (self.draft or []):

@@ -41,6 +41,7 @@ from mlx_lm.models.cache import (
 from .. import validate
 from ..backend import for_device
 from ..kernels import Kernels
+from .sliding_cache import SlidingKVCache
 from .taps import DeltaTap, KernelNorm, LayerTap, Recording, view
 
 SUPPORTED_MODEL_TYPES = (
@@ -244,25 +245,31 @@ class Target:
         return self.inner.norm.weight.dtype
 
     def make_cache(
-        self, kv_bits: int | None = None, kv_group_size: int = 64
+        self,
+        kv_bits: int | None = None,
+        kv_group_size: int = 64,
+        windows: bool = False,
     ) -> list[Any]:
-        """Per-layer caches that can all be rolled back (rotating caches become plain
-        KV caches: the model's own masks keep the window). With `kv_bits`, the
-        attention layers' plain KV caches are mlx-lm's `QuantizedKVCache` from the
+        """Per-layer caches that can all be rolled back. mlx-lm's rotating caches of
+        sliding-window layers become plain KV caches (the model's own masks keep the
+        window; a prefix cache can cut them anywhere) or, with `windows`, bounded
+        `SlidingKVCache`s whose cost stays flat as the context grows. With `kv_bits`,
+        the attention layers' plain KV caches are mlx-lm's `QuantizedKVCache` from the
         first token on; sliding-window layers, recurrent states and the caches whose
         keys other layers share stay as they are."""
         kv = validate.kv_quantization(kv_bits, kv_group_size)
         if kv is not None and kv not in self._kv_checked:
             self._check_kv(kv)
-        return self._caches(kv)
+        return self._caches(kv, windows)
 
-    def _caches(self, kv: tuple[int, int] | None) -> list[Any]:
+    def _caches(self, kv: tuple[int, int] | None, windows: bool = False) -> list[Any]:
         cache = make_prompt_cache(self.model)  # one per local layer when pipelined
-        shared = _kv_sources(self.inner) if kv is not None else set()
+        shared = _kv_sources(self.inner) if kv is not None or windows else set()
         out = []
         for i, c in enumerate(cache):
             if isinstance(c, RotatingKVCache):
-                c = KVCache()
+                bounded = windows and i not in shared and not c.keep
+                c = SlidingKVCache(c.max_size) if bounded else KVCache()
             elif kv is not None and type(c) is KVCache and i not in shared:
                 c = QuantizedKVCache(group_size=kv[1], bits=kv[0])
             out.append(c)

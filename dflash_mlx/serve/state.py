@@ -96,7 +96,10 @@ def build_engine(target, tokenizer, draft, config: ServeConfig, follower=False):
         budget = sys.maxsize  # it forgets what rank 0's store evicts, no more
     spill = None if follower else open_spill(target, draft, config)
     kv = (config.kv_bits, config.kv_group_size)
-    store = PrefixStore(lambda: make_prompt_cache(target, draft, *kv), budget, spill)
+    # whole histories: the prefix store cuts a cache at any token
+    store = PrefixStore(
+        lambda: make_prompt_cache(target, draft, *kv, windows=False), budget, spill
+    )
     stops = frozenset(tokenizer.eos_token_ids)
     return ServeEngine(
         target,
