@@ -29,6 +29,8 @@ CODE_THEME = "monokai"
 # waits on it for more than ~1% of the time
 REFRESH_SECONDS = 1 / 12
 COST_RATIO = 100
+# new prompt tokens from which the view shows the prefill's progress
+LONG_PROMPT = 1024
 # control characters a model may emit are shown as their symbols (␛, ␍, ...), never
 # sent to the terminal as codes; newlines and tabs stay
 VISIBLE = {c: 0x2400 + c for c in range(32) if chr(c) not in "\n\t"} | {127: 0x2421}
@@ -118,6 +120,8 @@ class AnswerView:
         self.stats = None
         self.render_seconds = 0.0  # time spent drawing (the cost of the view)
         self._next = 0.0
+        self._read_from: int | None = None  # tokens cached before this prompt
+        self._reading: Text | None = None
 
     def __enter__(self):
         if self.out.is_terminal:
@@ -197,9 +201,22 @@ class AnswerView:
             lines = []
         return Lines(lines, keep=room)
 
+    def prefilling(self, done: int, total: int):
+        """The prompt's progress through the target (a long paste takes a while)."""
+        if self.live is None or self.stats is not None:
+            return
+        if self._read_from is None:
+            self._read_from = done
+        if total - self._read_from < LONG_PROMPT:
+            return  # a short prompt: the first block comes at once
+        self._reading = Text(
+            f"… reading the prompt: {done:,} / {total:,} tokens", style="dim"
+        )
+        self.live.update(self._reading, refresh=True)
+
     def _line(self, final: bool) -> RenderableType:
         if self.stats is None:
-            return Text() if final else Text("…", style="dim")
+            return Text() if final else (self._reading or Text("…", style="dim"))
         return self.line(self.stats, final)
 
     def _refresh(self):

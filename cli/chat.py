@@ -42,8 +42,14 @@ def answer(session, out, text: str, note: str | None, group=None):
         return (ui.summary_line if final else ui.status_line)(stats, note)
 
     settings = session.settings
+    views: list = []  # the answer's view, once open: it shows the prefill's progress
+
+    def progress(done: int, total: int):
+        if views:
+            views[0].prefilling(done, total)
+
     try:
-        chunks = session.stream(text)
+        chunks = session.stream(text, progress)
     except ValueError as e:
         ui.error(out, str(e))
         return
@@ -57,6 +63,7 @@ def answer(session, out, text: str, note: str | None, group=None):
                 color=settings.color,
                 err=ui.console(stderr=True),
             ) as view:
+                views.append(view)
                 for chunk in chunks:
                     view.update(chunk)
                     requested = stop.requested

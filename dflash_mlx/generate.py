@@ -3,7 +3,7 @@
 
 import time
 import warnings
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 
 import mlx.core as mx
@@ -140,6 +140,7 @@ def stream_generate(
     lookup: "bool | LookupIndex | None" = None,
     kv_bits: int | None = None,
     kv_group_size: int = 64,
+    prompt_progress_callback: Callable[[int, int], None] | None = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate from `prompt`, yielding one response per verified block.
 
@@ -162,6 +163,8 @@ def stream_generate(
     first prompt token on, in groups of `kv_group_size` (32, 64 or 128) along the head
     dimension, as mlx-lm's `QuantizedKVCache` (greedy output equals plain decoding with
     the same quantized cache); a `prompt_cache` keeps the quantization it was made with.
+    `prompt_progress_callback(done, total)`, as mlx-lm's: prompt tokens processed so
+    far (the reused prefix counts as done), at the start and after each prefill chunk.
     """
     from mlx_lm.generate import generation_stream, wired_limit
 
@@ -192,6 +195,7 @@ def stream_generate(
             seed=seed,
             logprobs=logprobs,
             lookup=index,
+            prompt_progress_callback=prompt_progress_callback,
         )
         try:
             yield from _responses(blocks, ids, max_tokens, detokenizer, tic)

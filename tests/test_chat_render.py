@@ -275,3 +275,17 @@ def test_engine_line_names_the_proposer_once_the_engine_reports_it():
     assert "plain + lookup · now plain · 1/2 blocks copied" in ui.status_line(st).plain
     summary = ui.summary_line(st).plain
     assert "plain + lookup: 1/2 blocks copied (b3; lookup 1), 1 plain · τ" in summary
+
+
+def test_a_long_prompt_shows_its_prefill_progress_and_a_short_one_does_not():
+    for total, shown in ((4096, True), (300, False)):
+        console, buffer = terminal()
+        with answer_ui.AnswerView(console, lambda s, final: Text("END")) as v:
+            for done in range(0, total, 1024):
+                v.prefilling(done, total)
+            v.prefilling(total, total)
+            v.update(chunk([Piece("hi", True, False)]))
+            v.prefilling(total, total)  # too late: the answer is running
+        out = ANSI.sub("", buffer.getvalue())
+        assert ("reading the prompt: 3,072 / 4,096 tokens" in out) is shown
+        assert out.count("reading the prompt") == (5 if shown else 0)

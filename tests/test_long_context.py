@@ -86,3 +86,40 @@ def test_prefill_absorbs_only_what_the_drafter_reads(pair, window):
         for a, b in zip(got.kept(), want.kept(), strict=True):
             assert a.shape == b.shape
             assert mx.allclose(a, b, atol=1e-4).item()
+
+
+def test_the_prefill_reports_its_progress_as_mlx_lm_does(pair):
+    """(done, total) at the start and after each chunk; a reused prefix counts as
+    done; the tokens are the same as without the callback."""
+    from dflash_mlx.generate import make_prompt_cache
+
+    model, tok, d = pair
+    draft = load_draft(str(d), target=model)
+    prompt = [(7 * i + 3) % 250 + 4 for i in range(50)]
+    heard = []
+    cache = make_prompt_cache(model, draft)
+    out, _ = spec(
+        model,
+        draft,
+        tok,
+        prompt,
+        max_tokens=4,
+        prefill_step_size=16,
+        prompt_cache=cache,
+        prompt_progress_callback=lambda done, total: heard.append((done, total)),
+    )
+    assert heard == [(0, 50), (16, 50), (32, 50), (48, 50), (50, 50)]
+    assert out == spec(model, draft, tok, prompt, max_tokens=4)[0]
+    heard.clear()
+    longer = prompt + out + [9, 10, 11]
+    spec(
+        model,
+        draft,
+        tok,
+        longer,
+        max_tokens=2,
+        prompt_cache=cache,
+        prompt_progress_callback=lambda done, total: heard.append((done, total)),
+    )
+    kept = len(prompt) + len(out) - 1  # the last answer token was never fed
+    assert heard == [(kept, len(longer)), (len(longer), len(longer))]

@@ -178,10 +178,11 @@ class ChatSession:
         return all(o == n for o in offsets)
 
     # -- a turn -----------------------------------------------------------------------
-    def stream(self, text: str) -> Generator[Chunk, None, None]:
+    def stream(self, text: str, progress=None) -> Generator[Chunk, None, None]:
         """Answer `text`, one Chunk per verified block. Closing the iterator early (or a
         KeyboardInterrupt) keeps the partial answer in the history, marked interrupted.
-        Raises ValueError at once (before any work) for an empty or too long prompt."""
+        Raises ValueError at once (before any work) for an empty or too long prompt.
+        `progress(done, total)` hears of the prompt's prefill, chunk by chunk."""
         if not text.strip():
             raise ValueError("Empty message: type something (or /help).")
         validate.text(text, "This message")
@@ -202,10 +203,15 @@ class ChatSession:
                     f"{self.context}: {fix}."
                 )
             max_tokens = room if max_tokens < 0 else min(max_tokens, room)
-        return self._run(user, prompt.text, ids, max_tokens)
+        return self._run(user, prompt.text, ids, max_tokens, progress)
 
     def _run(
-        self, user: dict, prompt_text: str, ids: list[int], max_tokens: int
+        self,
+        user: dict,
+        prompt_text: str,
+        ids: list[int],
+        max_tokens: int,
+        progress=None,
     ) -> Generator[Chunk, None, None]:
         s = self.settings
         if not self.reuse_cache:
@@ -228,6 +234,7 @@ class ChatSession:
             min_p=s.min_p,
             prompt_cache=self.cache,
             seed=None if s.seed is None else s.seed + len(self.turns),
+            prompt_progress_callback=progress,
         )
         failed = False
         try:

@@ -24,7 +24,7 @@ Words in the engine, one meaning each:
 """
 
 import time
-from collections.abc import Generator, Sequence
+from collections.abc import Callable, Generator, Sequence
 from dataclasses import dataclass
 from typing import Union, cast
 
@@ -83,6 +83,7 @@ def generate_blocks(
     seed: int | None = None,
     logprobs: int = 0,
     lookup: LookupIndex | None = None,
+    prompt_progress_callback: Callable[[int, int], None] | None = None,
 ) -> Generator[Block, None, None]:
     """Yield committed blocks of token ids; the first block is the prefill's token.
 
@@ -128,6 +129,7 @@ def generate_blocks(
             None if seed is None else SeededNoise(seed),
             logprobs,
             lookup,
+            prompt_progress_callback,
         )
     finally:
         cache.release(owner)
@@ -147,12 +149,14 @@ def _blocks(
     seeded: SeededNoise | None,
     top_logprobs: int,
     lookup: LookupIndex | None,
+    progress: Callable[[int, int], None] | None,
 ) -> Generator[Block, None, None]:
     policy = FixedBlockSize(1) if draft is None and lookup is None else block_size
     if isinstance(policy, int):
         policy = FixedBlockSize(policy)
     run = _Run(target, draft, cache, params, policy, stop_tokens, seeded, top_logprobs)
     run.lookup, run.plan = lookup, getattr(policy, "plan", None)
+    run.progress = progress
     budget = max_tokens if max_tokens >= 0 else float("inf")
     stream = stream or mx.default_stream(mx.default_device())
     with mx.stream(stream):
@@ -202,12 +206,14 @@ class _Run:
         self.unabsorbed: list[mx.array] = []
         self.lookup: LookupIndex | None = None  # the history's index, when copying
         self.plan = None  # the policy's `plan`, where it has one
+        self.progress = None  # the prefill's progress callback (done, total)
 
     def prefill(self, prompt: Sequence[int], step: int) -> Block:
         """Feed the prompt (after the cached prefix); the first token as a Block."""
         target, cache = self.target, self.cache
         reused = cache.reuse(target, prompt)
-        logits = prefill(target, self.draft, cache, list(prompt[reused:]), step)
+        new = list(prompt[reused:])
+        logits = prefill(target, self.draft, cache, new, step, self.progress)
         noise = None  # the first token's position: just after the prompt
         if self.seeded is not None and not self.params.greedy:
             noise = self.seeded.at(len(cache.tokens), 1, target.vocab_size)

@@ -2,6 +2,8 @@
 before any block is verified (engine/loop.py runs it for one sequence; the server
 runs it in chunks, one sequence at a time, between the batch's steps)."""
 
+from collections.abc import Callable
+
 import mlx.core as mx
 
 from ..models.cache import PromptCache
@@ -16,6 +18,7 @@ def prefill(
     cache: PromptCache,
     ids: list[int],
     step: int,
+    progress: Callable[[int, int], None] | None = None,
 ) -> mx.array:
     """Feed `ids` through the target (and their features to the drafter), `step`
     tokens a forward; the last position's logits.
@@ -23,10 +26,15 @@ def prefill(
     The drafter takes in only the positions its layers can read from the end of
     `ids` (`draft.reach()`): on a long prompt its cost stops growing with the
     prompt, and after every call its context is what a full absorb would leave (a
-    server prefilling chunk by chunk keeps that at every chunk's end)."""
+    server prefilling chunk by chunk keeps that at every chunk's end).
+    `progress(done, total)` (mlx-lm's `prompt_progress_callback`) hears of each chunk,
+    counting the positions the cache held before as done."""
     reach = None if draft is None else draft.reach()
     read_from = 0 if reach is None else len(ids) - reach
+    held = len(cache.tokens)
     for start in range(0, len(ids), step):
+        if progress is not None:
+            progress(held + start, held + len(ids))
         chunk = mx.array(ids[start : start + step])[None]
         hidden, features = target(chunk, cache.target)
         if draft is not None:
@@ -35,7 +43,11 @@ def prefill(
             mx.eval([c.state for c in cache.target + (cache.draft or [])])
             mx.clear_cache()
     cache.tokens.extend(ids)
-    return target.logits(hidden[:, -1])[0]
+    logits = target.logits(hidden[:, -1])[0]
+    if progress is not None:
+        mx.eval(logits)
+        progress(held + len(ids), held + len(ids))
+    return logits
 
 
 def _absorb(draft, cache, features: mx.array, unread: int):
