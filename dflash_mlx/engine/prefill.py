@@ -32,14 +32,17 @@ def prefill(
     reach = None if draft is None else draft.reach()
     read_from = 0 if reach is None else len(ids) - reach
     held = len(cache.tokens)
-    for start in range(0, len(ids), step):
+    start = 0
+    while start < len(ids):
         if progress is not None:
             progress(held + start, held + len(ids))
-        chunk = mx.array(ids[start : start + step])[None]
+        n = chunk_size(target, cache, step, held + start)
+        chunk = mx.array(ids[start : start + n])[None]
         hidden, features = target(chunk, cache.target)
         if draft is not None:
             _absorb(draft, cache.draft, features, read_from - start)
-        if start + step < len(ids):
+        start += n
+        if start < len(ids):
             mx.eval([c.state for c in cache.target + (cache.draft or [])])
             mx.clear_cache()
     cache.tokens.extend(ids)
@@ -48,6 +51,21 @@ def prefill(
         mx.eval(logits)
         progress(held + len(ids), held + len(ids))
     return logits
+
+
+# A quantized KV cache's attention (mlx-lm's quantized_scaled_dot_product_attention)
+# materializes a chunk's scores against the whole context, on a Mac as here: chunks
+# shrink as the context grows so that these stay near this size.
+SCORES_BYTES = 1 << 28
+MIN_CHUNK = 128
+
+
+def chunk_size(target: Target, cache: PromptCache, step: int, context: int) -> int:
+    """Prompt tokens for the next forward at `context` cached positions."""
+    if cache.kv_bits is None:
+        return step
+    per_query = 4 * target.query_heads * (context + step)
+    return max(min(step, MIN_CHUNK), min(step, SCORES_BYTES // per_query))
 
 
 def _absorb(draft, cache, features: mx.array, unread: int):

@@ -233,6 +233,14 @@ class Target:
         return len(self.layers)
 
     @property
+    def query_heads(self) -> int:
+        """Attention heads of a query (the most of any layer)."""
+        heads = [
+            getattr(getattr(la, "self_attn", None), "n_heads", 0) for la in self.layers
+        ]
+        return max(heads + [1])
+
+    @property
     def hidden_size(self) -> int:
         return self.inner.norm.weight.shape[0]
 
