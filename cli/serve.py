@@ -156,6 +156,13 @@ def serve(
     ),
     kv_bits: str | None = options.kv_bits(),
     kv_group_size: str = options.kv_group_size(),
+    trace: str | None = typer.Option(
+        None,
+        "--trace",
+        metavar="PATH",
+        help="Append a JSON line per decoding step to PATH: block size, rows, "
+        "drafter, upkeep and verify ms (each phase synced to be timed).",
+    ),
 ):
     """Serve the model over HTTP (OpenAI, Anthropic and Responses APIs)."""
     from dflash_mlx.serve.config import ServeConfig
@@ -173,6 +180,7 @@ def serve(
     cache.update(prefill_chunk=prefill_chunk, lookup=lookup)
     cache.update(kv_bits=bits, kv_group_size=group_size)
     cache["max_kv_bytes"] = _memory_budget(max_kv_bytes)
+    cache["trace"] = _trace_path(out, trace)
     body_bytes = parse_bytes(max_body_bytes, "--max-body-bytes")
     warning = host_warning(host, api_key)
     if warning:
@@ -232,6 +240,22 @@ def _join(out, pipeline: bool):
         raise typer.Exit(1) from None
 
 
+def _trace_path(out, path: str | None) -> str | None:
+    """--trace: a file that can be written, checked before the model loads."""
+    from dflash_mlx.engine.trace import StepTrace
+
+    from . import ui
+
+    if path is None:
+        return None
+    try:
+        StepTrace.open(path).close()
+    except ValueError as e:
+        ui.error(out, str(e))
+        raise typer.Exit(2) from None
+    return path
+
+
 def _memory_budget(text: str) -> int:
     """--max-kv-bytes: a size, or half the machine's memory."""
     import os
@@ -286,6 +310,7 @@ def _follow(group, loaded, block_size, cache: dict):
     from dflash_mlx.serve.state import build_engine
 
     model, tokenizer, draft = loaded
+    cache = {**cache, "trace": None}  # rank 0 traces the steps
     config = ServeConfig(model_id="follower", block_size=block_size, **cache)
     target = as_target(model, draft)
     engine = build_engine(target, wrap_tokenizer(tokenizer), draft, config, True)

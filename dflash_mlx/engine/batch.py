@@ -36,6 +36,7 @@ from .loop import Block
 from .policy import MAX_LOOKUP, FixedBlockSize
 from .sources import DRAFT, LOOKUP, NAMES, SPLICE, Plan
 from .step import accept, logprob_rows
+from .trace import StepTrace
 from .verify import one_hot
 
 
@@ -89,6 +90,7 @@ class Batch:
         self.caches: BatchCaches | None = None
         self.members: list[Member | None] = []  # by row; None: a free row
         self._keeps: list[int] = []  # tokens each row kept in the last step
+        self.trace: StepTrace | None = None  # engine/trace.py, when asked for
 
     @property
     def active(self) -> list[Member]:
@@ -155,6 +157,9 @@ class Batch:
         members = self.active
         if not members:
             return []
+        trace = self.trace
+        if trace is not None:
+            trace.start()
         start = time.perf_counter()
         at_width = getattr(self.policy, "at_width", None)
         if at_width is not None:  # the rows verified, free ones included
@@ -165,7 +170,11 @@ class Batch:
         if size > 1:
             if any(len(copies.get(m.row, ())) < size - 1 for m in members):
                 self._absorb(members)
+                if trace is not None:
+                    trace.phase("upkeep", [c.state for c in self._caches.draft])
                 drafts, q_rows = self._draft(members, size)
+                if trace is not None:
+                    trace.phase("draft", drafts, list(q_rows.values()))
             drafts, q_rows = self._splice(drafts, q_rows, copies, size)
         ids = self._lasts()[:, None]
         if drafts is not None:
@@ -174,12 +183,34 @@ class Batch:
         hidden, features = self.target(ids, self._caches.target, tape)
         logits = self.target.logits(hidden)
         results, logprobs = self._accept(members, drafts, q_rows, logits, size)
-        mx.eval(results, *[a for rows in logprobs.values() for a in rows])
+        outputs = [results, *[a for rows in logprobs.values() for a in rows]]
+        if trace is None:
+            mx.eval(outputs)
+        else:
+            trace.phase("verify", outputs)
         rows = results.tolist()
         seconds = time.perf_counter() - start
         blocks = self._commit(members, rows, logprobs, features, size, copies, seconds)
         self.target.rollback_rows(self._caches.target, tape or [], self._keeps)
+        if trace is not None:
+            self._traced(trace, members, blocks, size, copies, seconds)
         return blocks
+
+    def _traced(self, trace: StepTrace, members, blocks, size, copies, seconds):
+        policy = self.policy
+        rates = {s: policy.rate(s) for s in getattr(policy, "sizes", ())}
+        trace.write(
+            "step",
+            width=len(self.members),
+            rows=len(members),
+            size=size,
+            copies=len(copies),
+            accepted=[b.from_draft for _, b in blocks],
+            tokens=sum(len(b.tokens) for _, b in blocks),
+            step_ms=round(seconds * 1e3, 3),
+            rates={s: round(r, 1) for s, r in rates.items() if r is not None},
+            exploring=getattr(policy, "exploring", None) == size,
+        )
 
     def _plan(self, members, limit: int) -> tuple[int, dict[int, list[int]]]:
         """The block size, and the rows' lookup copies (row -> ids) to verify."""

@@ -187,6 +187,11 @@ class AdaptiveBlockSize:
                 return explored
         return best
 
+    @property
+    def exploring(self) -> int | None:
+        """The size being re-timed now, if any (not the best one as it stands)."""
+        return self._explored
+
     def at_width(self, width: int):
         """Time the next blocks as `width` sequences verified together: each width
         keeps its own timings (a new one starts from the nearest width's and is

@@ -32,6 +32,7 @@ class ServeConfig:
     # one at a time, each on its own caches (the batch's caches are float)
     kv_bits: int | None = None
     kv_group_size: int = 64
+    trace: str | None = None  # a file for a JSON line per batch step (engine/trace.py)
 
     def __post_init__(self):
         from ..validate import kv_quantization

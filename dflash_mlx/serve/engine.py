@@ -21,6 +21,7 @@ from ..engine.lockstep import shared_seed
 from ..engine.lookup import LookupIndex
 from ..engine.loop import Block, generate_blocks
 from ..engine.prefill import first_token, prefill
+from ..engine.trace import StepTrace
 from ..models.cache import PromptCache
 from ..models.prefix import PrefixStore, take_snapshot
 from ..models.ragged import BatchCaches
@@ -80,6 +81,7 @@ class ServeEngine:
         block_size,
         prefill_chunk: int = 512,
         lookup: bool = False,
+        trace: StepTrace | None = None,
     ):
         self.target, self.draft, self.store = target, draft, store
         self.stop_tokens, self.prefill_chunk = stop_tokens, prefill_chunk
@@ -88,6 +90,7 @@ class ServeEngine:
             log.warning("decoding one sequence at a time: %s", reason)
         lane = Batch if reason is None else Solo
         self.decoding = lane(target, draft, block_size, lookup)
+        self.trace = self.decoding.trace = trace  # engine/trace.py (None: off)
         self.sequences: dict[int, Sequence] = {}
         self.snapshot_seconds = 0.0  # taking prefix-cache snapshots, in all
         self.prefill_tokens = 0  # prompt tokens prefilled, in all (GET /metrics)
@@ -153,6 +156,14 @@ class ServeEngine:
         seq.prefill_seconds += seconds
         self.prefill_tokens += tokens
         self.prefill_seconds += seconds
+        if self.trace is not None:
+            self.trace.write(
+                "prefill",
+                tokens=tokens,
+                context=len(seq.cache.tokens) if seq.cache is not None else 0,
+                decoding=len(self.decoding),
+                prefill_ms=round(seconds * 1e3, 3),
+            )
 
     def _snapshot(self, cache: PromptCache):
         tick = time.perf_counter()
@@ -189,6 +200,7 @@ class ServeEngine:
         self.decoding = type(self.decoding)(
             self.target, self.draft, self.decoding.policy, self.decoding.lookup
         )
+        self.decoding.trace = self.trace
 
     @property
     def kv_bytes(self) -> int:
@@ -230,6 +242,8 @@ class ServeEngine:
 
     def close(self):
         """At shutdown: what RAM holds goes to disk (warm after a restart)."""
+        if self.trace is not None:
+            self.trace.close()
         spill = self.store.spill
         if spill is None:
             return
@@ -255,6 +269,7 @@ class Solo:
         self.target, self.draft, self.policy = target, draft, block_size
         self.lookup = lookup
         self.members: list[_Solo] = []
+        self.trace = None  # only a batch's steps are traced (engine/trace.py)
 
     def __len__(self) -> int:
         return len(self.members)

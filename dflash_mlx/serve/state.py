@@ -82,6 +82,7 @@ def build_engine(target, tokenizer, draft, config: ServeConfig, follower=False):
     import sys
 
     from ..engine.policy import AdaptiveBlockSize
+    from ..engine.trace import StepTrace
     from ..generate import make_prompt_cache
     from ..models.prefix import PrefixStore
     from .engine import ServeEngine
@@ -109,6 +110,7 @@ def build_engine(target, tokenizer, draft, config: ServeConfig, follower=False):
         block_size,
         prefill_chunk=config.prefill_chunk,
         lookup=config.lookup,
+        trace=None if config.trace is None else StepTrace.open(config.trace),
     )
 
 
