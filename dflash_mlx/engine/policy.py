@@ -60,6 +60,9 @@ EXPLORE_BLOCKS = 2  # an exploration runs this many blocks: one block says littl
 # drafting; in the reverse, it never drafted again (tests/test_policy_start.py).
 MEMORY_BLOCKS = 128.0
 MAX_EXPLORE_GAP = 128  # blocks; the gap doubles after each losing exploration
+# ... and may grow to this many blocks per unit of the loss (time lost per block
+# over the best size's): explorations cost at most ~1% then
+LOSS_GAP = 2 * EXPLORE_BLOCKS * 100
 MAX_LOOKUP = 15  # copied ids per block: 16 verified tokens, one native product
 # A cut saves at most v's growth over the block: where that is under this share of
 # the block's time (v flat, as on a GPU), it cannot pay for its sync and is skipped.
@@ -214,9 +217,13 @@ class AdaptiveBlockSize:
 
     def _after_exploring(self, size: int):
         sizes = [s for s in self.sizes if s in self.seconds]
-        won = size == max(sizes, key=lambda s: self.rate(s) or 0.0)
-        longest = max(MAX_EXPLORE_GAP, self.explore_every)
-        self._gap = self.explore_every if won else min(self._gap * 2, longest)
+        best = max(sizes, key=lambda s: self.rate(s) or 0.0)
+        # an exploration that lost by far is spaced out further: its blocks cost
+        # about `loss` best blocks more each (a batch's wide verify on a CPU, say)
+        rate = self.rate(size) or 0.0
+        loss = (self.rate(best) or 0.0) / rate - 1.0 if rate > 0 else 0.0
+        longest = max(MAX_EXPLORE_GAP, self.explore_every, LOSS_GAP * loss)
+        self._gap = self.explore_every if size == best else min(self._gap * 2, longest)
         self._explored = None
 
     def observe(
