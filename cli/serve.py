@@ -156,6 +156,12 @@ def serve(
     ),
     kv_bits: str | None = options.kv_bits(),
     kv_group_size: str = options.kv_group_size(),
+    web_ui: bool = typer.Option(
+        True,
+        "--ui/--no-ui",
+        help="The dashboard (/ in a browser) and the chat page (/chat); with "
+        "--api-key they ask for the key.",
+    ),
 ):
     """Serve the model over HTTP (OpenAI, Anthropic and Responses APIs)."""
     from dflash_mlx.serve.config import ServeConfig
@@ -206,6 +212,7 @@ def serve(
             max_body_bytes=body_bytes,
             **cache,
             api_key=api_key,
+            ui=web_ui,
         )
         _run(out, loaded, config, note, sock, host, log_level, group)
     except ValueError as e:
