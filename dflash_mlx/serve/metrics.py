@@ -56,16 +56,9 @@ class Metrics:
     tokens and seconds; the dashboard's requests and per-second token counts."""
 
     def __init__(self, scheduler, max_block: int):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Histogram
 
-        # what the dashboard lists (requests in flight, by number; the last finished)
-        # and plots: [second, tokens, blocks with proposals, plain blocks] per second
-        # with blocks; `version` moves with every block, start and end
-        self.live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
-        self.recent: deque = deque(maxlen=RECENT)
-        self.series: deque = deque(maxlen=SERIES_S)
-        self.version = 0
-        self._numbers = 0
+        self._dashboard()
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "dflash_requests",
@@ -116,23 +109,50 @@ class Metrics:
             buckets=_TPS_BUCKETS,
             registry=r,
         )
-        Gauge(
-            "dflash_queue_depth", "Requests waiting for a slot.", registry=r
-        ).set_function(lambda: scheduler.waiting)
-        Gauge(
-            "dflash_active_requests", "Requests generating now.", registry=r
-        ).set_function(lambda: scheduler.active)
-        Gauge(
-            "dflash_batch_width", "Requests decoding together now.", registry=r
-        ).set_function(lambda: len(scheduler.engine.decoding))
-        for read in ("active", "peak"):
-            Gauge(
-                f"dflash_mlx_{read}_memory_bytes",
-                f"MLX's {read} memory (its allocator's count), in bytes.",
-                registry=r,
-            ).set_function(partial(_memory, read))
+        self._load(scheduler, r)
         self._prefix_cache(scheduler.engine, r)
         r.register(_PrefillCounters(scheduler.engine))
+
+    def _dashboard(self):
+        """What the dashboard lists (requests in flight, by number; the last finished)
+        and plots ([second, tokens, blocks with proposals, plain blocks] for each
+        second with blocks); `version` moves with every block, start and end."""
+        self.live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.recent: deque = deque(maxlen=RECENT)
+        self.series: deque = deque(maxlen=SERIES_S)
+        self.version = 0
+        self._numbers = 0
+
+    @staticmethod
+    def _load(scheduler, registry):
+        """Gauges of the requests in the engine and of MLX's memory, read when
+        scraped."""
+        from prometheus_client import Gauge
+
+        def gauge(name: str, text: str, read):
+            Gauge(name, text, registry=registry).set_function(read)
+
+        gauge(
+            "dflash_queue_depth",
+            "Requests waiting for a slot.",
+            lambda: scheduler.waiting,
+        )
+        gauge(
+            "dflash_active_requests",
+            "Requests generating now.",
+            lambda: scheduler.active,
+        )
+        gauge(
+            "dflash_batch_width",
+            "Requests decoding together now.",
+            lambda: len(scheduler.engine.decoding),
+        )
+        for read in ("active", "peak"):
+            gauge(
+                f"dflash_mlx_{read}_memory_bytes",
+                f"MLX's {read} memory (its allocator's count), in bytes.",
+                partial(_memory, read),
+            )
 
     @staticmethod
     def _prefix_cache(engine, registry):
