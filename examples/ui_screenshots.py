@@ -3,10 +3,11 @@
     python examples/ui_screenshots.py                       # the built-in pair
     python examples/ui_screenshots.py --model M --draft D --out docs/img
 
-Starts `dflash-mlx serve` on a free port, sends it a few chat requests (some at once,
-so the dashboard has a batch, a plot and a requests table to show), opens the chat
-page and sends a message there, then saves chat.png and dashboard.png in --out. Each
-PNG is reduced to a palette of 128 colours where it would pass 150 KB.
+Starts `dflash-mlx serve` on a free port, opens the chat page and sends a message
+there (chat.png), then sends the server a few chat requests, two at a time, so that
+the dashboard has a batch, a plot and a requests table to show (dashboard.png, taken
+while more run). Each PNG is reduced to a palette of 128 colours where it would pass
+150 KB.
 
 Needs Chromium and its driver (Debian: `apt-get install chromium chromium-driver`;
 nothing is downloaded) and `selenium` (the `test` extra). `headless_chromium` is
@@ -126,7 +127,10 @@ def load(url: str):
 
     def ask(q):
         body = {"messages": [{"role": "user", "content": q}], "max_tokens": 160}
-        httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
+        try:
+            httpx.post(f"{url}/v1/chat/completions", json=body, timeout=600)
+        except httpx.TransportError:  # the server stopped: the screenshots are done
+            pass
 
     threads = [threading.Thread(target=ask, args=(q,)) for q in QUESTIONS]
     for pair in (threads[:2], threads[2:]):
@@ -146,7 +150,6 @@ def main():
     proc, url = start_server(args)
     driver = headless_chromium(args.width, 900)
     try:
-        load(url)
         driver.get(url + "/chat")
         wait = WebDriverWait(driver, 600)
         wait.until(
@@ -163,6 +166,7 @@ def main():
         wait.until(lambda d: d.find_elements(By.CSS_SELECTOR, ".msg.assistant .engine"))
         time.sleep(0.5)
         shoot(driver, out / "chat.png")
+        load(url)
         threading.Thread(target=load, args=(url,), daemon=True).start()
         driver.get(url + "/")
         time.sleep(4)  # mid-load: requests running, the plot moving

@@ -189,7 +189,7 @@
       g.moveTo(left, y(top * f));
       g.lineTo(w - 8, y(top * f));
       g.stroke();
-      g.fillText(String(Math.round(top * f)), 4, y(top * f) + 4);
+      g.fillText(String(Number((top * f).toFixed(1))), 4, y(top * f) + 4);
     }
     for (const [i, label] of [[0, "−5 min"], [done.length * 0.4, "−3 min"], [done.length * 0.8, "−1 min"], [done.length - 1, "now"]]) {
       g.fillText(label, Math.min(x(i), w - 30) - (i ? 14 : 0), h - 4);
