@@ -113,7 +113,7 @@ class Metrics:
         self._prefix_cache(scheduler.engine, r)
         r.register(_PrefillCounters(scheduler.engine))
 
-    def _dashboard(self):
+    def _dashboard(self) -> None:
         """What the dashboard lists (requests in flight, by number; the last finished)
         and plots ([second, tokens, blocks with proposals, plain blocks] for each
         second with blocks); `version` moves with every block, start and end."""
