@@ -29,7 +29,7 @@ pytest.importorskip(
 pytestmark = pytest.mark.skipif(
     find_chromium() is None,
     reason="no Chromium here: apt-get install chromium chromium-driver "
-    "(`make setup` and CI install them where they can)",
+    "(`make browser`, which `make test` runs, and CI install them where they can)",
 )
 
 from selenium.webdriver.common.by import By  # noqa: E402
