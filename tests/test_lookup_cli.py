@@ -100,7 +100,7 @@ def test_metrics_count_blocks_and_tokens_per_source():
 
     store = NS(stats=NS(hits=0, misses=0, reused_tokens=0, evicted=0), nbytes=0)
     store.spill = None
-    engine = NS(store=store, snapshot_seconds=0.0, kv_bytes=0)
+    engine = NS(store=store, snapshot_seconds=0.0, kv_bytes=0, decoding=[])
     engine.prefill_tokens, engine.prefill_seconds = 0, 0.0
     metrics = Metrics(NS(waiting=0, active=0, engine=engine), max_block=8)
     for source, tokens in [(None, [1]), ("lookup", [1, 2, 3]), ("lookup", [4])]:

@@ -75,7 +75,25 @@ def test_serve_streams_to_openai_and_stops_cleanly_on_sigterm(paths):
         assert "[DONE]" not in rest
         assert json.loads(rest[-1])["error"]["code"] == "server_shutting_down"
         assert proc.wait(30) == 0
-        assert "Server stopped." in proc.stdout.read()
+        tail = " ".join(proc.stdout.read().split())
+        assert "Server stopped." in tail
+        assert f"Dashboard {url}/ chat {url}/chat" in tail  # the line after Ready
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_no_ui_serves_the_api_without_the_pages(paths):
+    t, d = paths
+    proc, url, _ = start("--model", t, "--draft", d, "--no-ui")
+    try:
+        page = httpx.get(url + "/", headers={"Accept": "text/html"})
+        assert page.json() == {"status": "ok", "api": "/v1"}
+        assert httpx.get(url + "/chat").status_code == 404
+        assert httpx.get(url + "/v1/models").status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(30) == 0
+        assert "Dashboard" not in proc.stdout.read()
     finally:
         if proc.poll() is None:
             proc.kill()

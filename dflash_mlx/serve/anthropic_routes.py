@@ -171,6 +171,7 @@ async def messages(request: Request):
         "role": "assistant",
         "model": model,
     }
+    gen.request_id = head["id"]
     if req.stream:
         return event_stream(_events(gen, head))
     d = await gen.collect(request.is_disconnected)

@@ -1,4 +1,5 @@
-"""The FastAPI app: routes, API-key check, error shapes, /health and /metrics."""
+"""The FastAPI app: routes, API-key check, error shapes, /health and /metrics, and the
+server's own pages (serve/dashboard.py)."""
 
 import hmac
 from contextlib import asynccontextmanager
@@ -28,11 +29,13 @@ def error_response(err: ApiError, path: str):
 
 
 class ApiKeyCheck:
-    """ASGI middleware: every route except /health needs the key, as
-    `Authorization: Bearer KEY` or (Anthropic clients) `x-api-key: KEY`."""
+    """ASGI middleware: every route except /, /health and the pages' static files
+    (`open_paths`, no data in any) needs the key, as `Authorization: Bearer KEY` or
+    (Anthropic clients) `x-api-key: KEY`."""
 
-    def __init__(self, app, key: str, metrics):
+    def __init__(self, app, key: str, metrics, open_paths=OPEN_PATHS):
         self.app, self.key, self.metrics = app, key.encode(), metrics
+        self.open_paths = frozenset(open_paths)
 
     def _authorized(self, headers: dict) -> bool:
         bearer = headers.get(b"authorization", b"")
@@ -45,7 +48,7 @@ class ApiKeyCheck:
         path = scope.get("path", "")
         if (
             scope["type"] != "http"
-            or path in OPEN_PATHS
+            or path in self.open_paths
             or self._authorized(dict(scope["headers"]))
         ):
             return await self.app(scope, receive, send)
@@ -92,10 +95,21 @@ def _add_error_handlers(app, state):
 
 
 def _add_service_routes(app, state):
+    from fastapi import Request
     from fastapi.responses import Response
 
+    from . import dashboard
+
     @app.api_route("/", methods=["GET", "HEAD"])
-    async def root():  # clients probe it (Claude Code sends HEAD / first)
+    async def root(request: Request):
+        # a browser gets the dashboard; clients probe it (Claude Code sends HEAD /
+        # first) and get JSON
+        if (
+            state.config.ui
+            and request.method == "GET"
+            and dashboard.wants_html(request)
+        ):
+            return dashboard.page(dashboard.PAGES["/"])
         return {"status": "ok", "api": "/v1"}
 
     @app.get("/health")
@@ -152,6 +166,17 @@ def create_app(model, tokenizer, draft, config: ServeConfig, mirror=None):
     _add_service_routes(app, state)
     for module in (openai_routes, anthropic_routes, responses_routes):
         app.include_router(module.router)
+    open_paths: tuple[str, ...] = OPEN_PATHS
+    if config.ui:
+        from . import dashboard
+
+        app.include_router(dashboard.router(state))
+        open_paths += dashboard.OPEN_PATHS
     if config.api_key:
-        app.add_middleware(ApiKeyCheck, key=config.api_key, metrics=state.metrics)
+        app.add_middleware(
+            ApiKeyCheck,
+            key=config.api_key,
+            metrics=state.metrics,
+            open_paths=open_paths,
+        )
     return app

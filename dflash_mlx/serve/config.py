@@ -28,6 +28,7 @@ class ServeConfig:
     max_kv_bytes: int = 0  # the decoding batch's caches at most (0: no limit)
     max_body_bytes: int = 16 << 20
     api_key: str | None = None
+    ui: bool = True  # the dashboard (GET /) and the chat page (GET /chat); --no-ui
     # the target's attention KV cache quantized (None: float); requests then decode
     # one at a time, each on its own caches (the batch's caches are float)
     kv_bits: int | None = None

@@ -1,7 +1,31 @@
-"""Prometheus metrics for GET /metrics, in a registry of the app's own (no globals)."""
+"""Prometheus metrics for GET /metrics, in a registry of the app's own (no globals),
+and what the dashboard reads beside them: the requests in flight and the last ones
+finished, and the tokens committed per second over the last minutes."""
+
+import time
+import weakref
+from collections import deque
+from functools import partial
 
 _TTFT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 _TPS_BUCKETS = (1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000)
+SERIES_S = 300  # seconds of per-second token counts the dashboard plots
+RECENT = 20  # finished requests the dashboard lists
+
+
+def sample_key(name: str, labels: dict) -> str:
+    """A sample as /metrics writes it: `name` or `name{a="x",b="y"}` (sorted)."""
+    if not labels:
+        return name
+    inner = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    return f"{name}{{{inner}}}"
+
+
+def _memory(read):
+    """MLX's allocator count `read` ("active" or "peak"), in bytes."""
+    import mlx.core as mx
+
+    return getattr(mx, f"get_{read}_memory")()
 
 
 class _PrefillCounters:
@@ -29,11 +53,12 @@ class _PrefillCounters:
 
 class Metrics:
     """Requests, tokens, acceptance lengths, queue depth, TTFT, decode tok/s, prefill
-    tokens and seconds."""
+    tokens and seconds; the dashboard's requests and per-second token counts."""
 
     def __init__(self, scheduler, max_block: int):
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Histogram
 
+        self._dashboard()
         r = self.registry = CollectorRegistry()
         self.requests = Counter(
             "dflash_requests",
@@ -84,14 +109,50 @@ class Metrics:
             buckets=_TPS_BUCKETS,
             registry=r,
         )
-        Gauge(
-            "dflash_queue_depth", "Requests waiting for a slot.", registry=r
-        ).set_function(lambda: scheduler.waiting)
-        Gauge(
-            "dflash_active_requests", "Requests generating now.", registry=r
-        ).set_function(lambda: scheduler.active)
+        self._load(scheduler, r)
         self._prefix_cache(scheduler.engine, r)
         r.register(_PrefillCounters(scheduler.engine))
+
+    def _dashboard(self) -> None:
+        """What the dashboard lists (requests in flight, by number; the last finished)
+        and plots ([second, tokens, blocks with proposals, plain blocks] for each
+        second with blocks); `version` moves with every block, start and end."""
+        self.live: weakref.WeakValueDictionary = weakref.WeakValueDictionary()
+        self.recent: deque = deque(maxlen=RECENT)
+        self.series: deque = deque(maxlen=SERIES_S)
+        self.version = 0
+        self._numbers = 0
+
+    @staticmethod
+    def _load(scheduler, registry):
+        """Gauges of the requests in the engine and of MLX's memory, read when
+        scraped."""
+        from prometheus_client import Gauge
+
+        def gauge(name: str, text: str, read):
+            Gauge(name, text, registry=registry).set_function(read)
+
+        gauge(
+            "dflash_queue_depth",
+            "Requests waiting for a slot.",
+            lambda: scheduler.waiting,
+        )
+        gauge(
+            "dflash_active_requests",
+            "Requests generating now.",
+            lambda: scheduler.active,
+        )
+        gauge(
+            "dflash_batch_width",
+            "Requests decoding together now.",
+            lambda: len(scheduler.engine.decoding),
+        )
+        for read in ("active", "peak"):
+            gauge(
+                f"dflash_mlx_{read}_memory_bytes",
+                f"MLX's {read} memory (its allocator's count), in bytes.",
+                partial(_memory, read),
+            )
 
     @staticmethod
     def _prefix_cache(engine, registry):
@@ -147,14 +208,29 @@ class Metrics:
     def count(self, endpoint: str, status: str):
         self.requests.labels(endpoint, status).inc()
 
+    def observe_start(self, generation):
+        """A request submitted: listed by the dashboard until it ends."""
+        self._numbers += 1
+        generation.number = self._numbers
+        self.live[self._numbers] = generation
+        self.version += 1
+
     def observe_block(self, event):
+        self.version += 1
         if event.first:
             self.ttft.observe(event.elapsed)
-        else:
-            self.acceptance.observe(len(event.tokens))
-            source = getattr(event, "source", None) or "plain"
-            self.source_blocks.labels(source).inc()
-            self.source_tokens.labels(source).inc(len(event.tokens))
+            return
+        n = len(event.tokens)
+        self.acceptance.observe(n)
+        source = getattr(event, "source", None) or "plain"
+        self.source_blocks.labels(source).inc()
+        self.source_tokens.labels(source).inc(n)
+        second = int(time.monotonic())
+        if not self.series or self.series[-1][0] != second:
+            self.series.append([second, 0, 0, 0])
+        row = self.series[-1]
+        row[1] += n
+        row[3 if source == "plain" else 2] += 1
 
     def observe_end(self, endpoint: str, status: str, generation):
         self.count(endpoint, status)
@@ -164,6 +240,31 @@ class Metrics:
         self.generated_tokens.inc(generation.completion_tokens)
         if stats.verify_steps:
             self.decode.observe(stats.decode_tps)
+        number = getattr(generation, "number", None)
+        if number is not None and self.live.pop(number, None) is not None:
+            self.recent.append(generation.record(status))
+        self.version += 1
+
+    def samples(self) -> dict[str, float]:
+        """Every sample /metrics shows but the histograms' buckets, keyed as it
+        writes them (`sample_key`): the dashboard's numbers are these."""
+        out = {}
+        for family in self.registry.collect():
+            for s in family.samples:
+                if not s.name.endswith(("_bucket", "_created")):
+                    out[sample_key(s.name, s.labels)] = s.value
+        return out
+
+    def tokens_per_second(self, seconds: int = SERIES_S) -> tuple[int, list, list]:
+        """(now's second, tokens committed in each of the last `seconds` seconds,
+        oldest first, and [blocks with proposals, plain blocks] in each)."""
+        now = int(time.monotonic())
+        tokens, blocks = [0] * seconds, [[0, 0] for _ in range(seconds)]
+        for second, n, proposed, plain in list(self.series):
+            i = seconds - 1 - (now - second)
+            if 0 <= i < seconds:
+                tokens[i], blocks[i] = n, [proposed, plain]
+        return now, tokens, blocks
 
     def render(self) -> tuple[bytes, str]:
         from prometheus_client import CONTENT_TYPE_LATEST, generate_latest

@@ -143,6 +143,7 @@ async def chat_completions(request: Request):
         prompt=prompt,
     )
     head = _head("chatcmpl", model, "chat.completion")
+    gen.request_id = head["id"]
     if req.stream:
         return event_stream(_chat_chunks(gen, head, req, state.tokenizer))
     delta = await gen.collect(request.is_disconnected)
@@ -242,6 +243,7 @@ async def completions(request: Request):
     ids = completion_prompt(state.tokenizer, req.prompt, state.target.vocab_size)
     gen = start(state, ids, _sampling(req, req.logprobs or 0), "completions", raw=True)
     head = _head("cmpl", model, "text_completion")
+    gen.request_id = head["id"]
     if req.stream:
         return event_stream(_completion_chunks(gen, head, req, state.tokenizer))
     delta = await gen.collect(request.is_disconnected)

@@ -322,6 +322,7 @@ async def responses(request: Request):
         "tool_choice": "auto",
         "tools": req.tools or [],
     }
+    gen.request_id = head["id"]
     if req.stream:
         return event_stream(_events(gen, head, namespaces))
     output = _Output(namespaces)

@@ -62,6 +62,12 @@ class RequestStats:
     drafted: int = 0  # drafts the target verified
     accepted: int = 0  # drafts it accepted
     block_sizes: Counter = field(default_factory=Counter)
+    # verify steps and the tokens they committed, by what proposed them: "draft",
+    # "lookup" (copied), "splice" (a copy, then drafts) or "plain" (nothing)
+    source_blocks: Counter = field(default_factory=Counter)
+    source_tokens: Counter = field(default_factory=Counter)
+    last_source: str | None = None  # the last verify step's
+    last_block_size: int | None = None
     ttft_s: float | None = None
     prompt_tps: float = 0.0
     decode_tps: float = 0.0
@@ -79,6 +85,10 @@ class RequestStats:
             self.drafted += event.block_size - 1
             self.accepted += event.from_draft
             self.block_sizes[event.block_size] += 1
+            source = getattr(event, "source", None) or "plain"
+            self.source_blocks[source] += 1
+            self.source_tokens[source] += len(event.tokens)
+            self.last_source, self.last_block_size = source, event.block_size
         self.decode_tps = event.generation_tps
 
     def x_dflash(self, draft: str | None) -> dict:
@@ -91,6 +101,8 @@ class RequestStats:
             "accepted_tokens": self.accepted,
             "acceptance_rate": self.accepted / self.drafted if self.drafted else None,
             "block_sizes": {str(k): v for k, v in sorted(self.block_sizes.items())},
+            "blocks_by_source": dict(sorted(self.source_blocks.items())),
+            "tokens_by_source": dict(sorted(self.source_tokens.items())),
             "ttft_s": self.ttft_s,
             "prompt_tps": self.prompt_tps,
             "decode_tps": self.decode_tps,
@@ -104,6 +116,9 @@ class Generation:
         self.state, self.ticket, self.text = state, ticket, text
         self.endpoint = endpoint
         self.stats = RequestStats()
+        self.request_id: str | None = None  # the response's id, once the route has it
+        self.number: int | None = None  # the dashboard's (metrics.observe_start)
+        self.started = time.monotonic()
         self.finish: str | None = None  # "eos", "length" or "stop" (a stop string)
         self.prompt = None  # the chat prompt, when the answer may be resent
         self.content = ""  # the answer as the client got it
@@ -131,6 +146,35 @@ class Generation:
 
     def x_dflash(self) -> dict:
         return self.stats.x_dflash(self.state.config.draft_id)
+
+    def record(self, status: str | None = None) -> dict:
+        """The request as the dashboard lists it: its usage and `x_dflash` numbers
+        (the same values its response carries), and where it is. `status`: how it
+        ended (metrics' request status); None while it runs."""
+        s, now = self.stats, time.monotonic()
+        if status is not None:
+            where = status
+        elif s.ttft_s is not None:
+            where = "decoding"
+        elif self._progress.total:
+            where = "prefilling"
+        else:
+            where = "waiting"
+        return {
+            "number": self.number,
+            "id": self.request_id,
+            "endpoint": self.endpoint,
+            "state": where,
+            "finish": self.finish,
+            "seconds": now - self.started,
+            "prefill": [self._progress.done, self._progress.total],
+            "prompt_tokens": s.prompt_tokens,
+            "cached_tokens": s.cached_tokens,
+            "completion_tokens": self.completion_tokens,
+            "last_source": s.last_source,
+            "last_block_size": s.last_block_size,
+            **self.x_dflash(),
+        }
 
     async def deltas(
         self,
@@ -304,4 +348,5 @@ def start(
     )
     generation = Generation(state, ticket, text, endpoint)
     generation.prompt = prompt
+    state.metrics.observe_start(generation)
     return generation

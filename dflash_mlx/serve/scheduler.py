@@ -172,6 +172,11 @@ class Scheduler:
         self._waiting.put_nowait(ticket)
         return ticket
 
+    @property
+    def stopping(self) -> bool:
+        """Shutting down: the dashboard's streams end too."""
+        return self._stop.is_set()
+
     def start(self):
         self._thread = threading.Thread(
             target=self._loop, name="dflash-engine", daemon=True
