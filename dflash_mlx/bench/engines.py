@@ -14,13 +14,18 @@ BASELINE = "baseline"
 PLAIN = "plain"  # this package's own plain decoding (what --no-draft runs)
 
 
-def mlx_lm_engine(model, tokenizer, sampler) -> Engine:
-    """Plain decoding with mlx-lm's `stream_generate`: what users run without DFlash."""
+def mlx_lm_engine(model, tokenizer, sampler, kv_bits=None, kv_group_size=64) -> Engine:
+    """Plain decoding with mlx-lm's `stream_generate`: what users run without DFlash
+    (`kv_bits`: its KV cache quantized from the first token, as ours)."""
     from mlx_lm import stream_generate as lm_stream_generate
+
+    kv = {}
+    if kv_bits is not None:
+        kv = dict(kv_bits=kv_bits, kv_group_size=kv_group_size, quantized_kv_start=0)
 
     def run(ids, max_tokens, block_size):
         for r in lm_stream_generate(
-            model, tokenizer, ids, max_tokens=max_tokens, sampler=sampler
+            model, tokenizer, ids, max_tokens=max_tokens, sampler=sampler, **kv
         ):
             yield [r.token], None
 
@@ -37,7 +42,15 @@ def block_info(response) -> dict:
     )
 
 
-def plain_engine(model, tokenizer, temperature=0.0, top_p=1.0, top_k=0) -> Engine:
+def plain_engine(
+    model,
+    tokenizer,
+    temperature=0.0,
+    top_p=1.0,
+    top_k=0,
+    kv_bits=None,
+    kv_group_size=64,
+) -> Engine:
     """This package's `stream_generate` without a drafter or lookup: the decoding that
     DFlash's own gains are measured against (`generate --no-draft`)."""
     from ..generate import stream_generate
@@ -46,6 +59,7 @@ def plain_engine(model, tokenizer, temperature=0.0, top_p=1.0, top_k=0) -> Engin
         for r in stream_generate(
             model, None, tokenizer, ids, max_tokens=max_tokens,
             temperature=temperature, top_p=top_p, top_k=top_k, lookup=False,
+            kv_bits=kv_bits, kv_group_size=kv_group_size,
         ):  # fmt: skip
             yield r.tokens, r.accepted, block_info(r)
 
@@ -53,7 +67,15 @@ def plain_engine(model, tokenizer, temperature=0.0, top_p=1.0, top_k=0) -> Engin
 
 
 def dflash_engine(
-    model, draft, tokenizer, temperature=0.0, top_p=1.0, top_k=0, lookup=None
+    model,
+    draft,
+    tokenizer,
+    temperature=0.0,
+    top_p=1.0,
+    top_k=0,
+    lookup=None,
+    kv_bits=None,
+    kv_group_size=64,
 ) -> Engine:
     """This package's `stream_generate` (`lookup`: its prompt lookup setting)."""
     from ..engine.policy import AdaptiveBlockSize
@@ -76,6 +98,8 @@ def dflash_engine(
             top_p=top_p,
             top_k=top_k,
             lookup=lookup,
+            kv_bits=kv_bits,
+            kv_group_size=kv_group_size,
         ):
             yield r.tokens, r.accepted, block_info(r)
 
