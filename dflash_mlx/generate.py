@@ -14,6 +14,7 @@ from .engine.loop import Block, TokenLogprobs, as_target, generate_blocks
 from .engine.policy import AdaptiveBlockSize, FixedBlockSize
 from .models.cache import PromptCache
 from .sampling import SamplingParams
+from .structured import DEAD_END
 
 
 @dataclass
@@ -140,6 +141,7 @@ def stream_generate(
     lookup: "bool | LookupIndex | None" = None,
     kv_bits: int | None = None,
     kv_group_size: int = 64,
+    logits_processors: list | None = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate from `prompt`, yielding one response per verified block.
 
@@ -162,6 +164,13 @@ def stream_generate(
     first prompt token on, in groups of `kv_group_size` (32, 64 or 128) along the head
     dimension, as mlx-lm's `QuantizedKVCache` (greedy output equals plain decoding with
     the same quantized cache); a `prompt_cache` keeps the quantization it was made with.
+    `logits_processors`: mlx-lm's `(tokens, logits) -> logits` callables (e.g.
+    `mlx_lm.sample_utils.make_logits_processors`, or `structured.grammar_processor`),
+    applied to the target's logits at every verified position with the history up to
+    it (prompt included, as mlx-lm): greedy output equals mlx-lm's plain decoding with
+    the same processors, sampled output keeps its distribution. Logprobs stay the raw
+    model's. A stateful processor (a grammar) serves one generation: make a new one
+    for each call.
     """
     from mlx_lm.generate import generation_stream, wired_limit
 
@@ -192,9 +201,11 @@ def stream_generate(
             seed=seed,
             logprobs=logprobs,
             lookup=index,
+            logits_processors=logits_processors,
         )
         try:
-            yield from _responses(blocks, ids, max_tokens, detokenizer, tic)
+            responses = _responses(blocks, ids, max_tokens, detokenizer, tic)
+            yield from _dead_ends(responses, logits_processors)
         finally:
             blocks.close()  # roll back a block still in flight, now rather than at GC
 
@@ -270,6 +281,17 @@ def _responses(blocks, ids, max_tokens, detokenizer, tic):
             token_texts=texts,
             source=block.source,
         )
+
+
+def _dead_ends(responses, processors):
+    """The last response's finish reason is "grammar" where a grammar processor ran
+    out of tokens to allow (it ended the answer on a stop token)."""
+    processors = [processors] if callable(processors) else processors or ()
+    grammars = [p for p in processors if hasattr(p, "dead_end")]
+    for response in responses:
+        if response.finish_reason == "stop" and any(p.dead_end for p in grammars):
+            response.finish_reason = DEAD_END
+        yield response
 
 
 def generate(model, draft, tokenizer, prompt, verbose: bool = False, **kwargs) -> str:
