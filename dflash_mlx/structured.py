@@ -124,7 +124,9 @@ class GrammarProcessor:
         self.start: int | None = None  # the prompt's length
         self.consumed: list[int] = []  # the answer's tokens the matcher is past
         self.dead_end = False
-        self._shifts = mx.arange(32, dtype=mx.uint32)
+        # data, not a lazy graph: made on a server's request thread, used on its
+        # engine thread
+        self._shifts = mx.array(list(range(32)), mx.uint32)
 
     def __call__(self, tokens: mx.array, logits: mx.array) -> mx.array:
         if self.start is None:
