@@ -38,6 +38,8 @@ LOSSLESS_CORE = (
     "test_exactness.py::",
     "test_processors.py::test_greedy_processed_equals_plain_decoding",
     "test_processors.py::test_batched_greedy_processed_equals_plain_decoding",
+    "test_structured.py::test_greedy_constrained_equals_plain_constrained",
+    "test_structured.py::test_batched_greedy_constrained_equals_plain_constrained",
 )
 
 

@@ -73,6 +73,11 @@ def test_greedy_constrained_equals_plain_constrained(tiny_pair, family, block_si
             assert responses[-1].finish_reason == "stop"
         if block_size == 4:  # the oracle's drafts were accepted
             assert sum(r.from_draft for r in responses) > len(expected) // 3
+        copied = stream_generate(
+            model, draft, tok, ids, block_size=block_size, max_tokens=40, lookup=True,
+            logits_processors=[grammars.processor(spec)],
+        )  # fmt: skip
+        assert [t for r in copied for t in r.tokens] == expected  # prompt lookup too
 
 
 def test_batched_greedy_constrained_equals_plain_constrained(tiny_pair):
