@@ -4,13 +4,14 @@ logits processors the engine applies at every verified position (exact under
 speculation: engine/processors.py). Bad values are 400s naming the field."""
 
 import json
-import logging
 
 from ..structured import Grammars, GrammarSpec
 from .errors import ApiError
+from .tool_grammars import tool_grammar
+
+__all__ = ["forced_tool", "penalties", "processors", "response_format", "tool_grammar"]
 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a bias value
-log = logging.getLogger("dflash_mlx.serve")
 
 
 def penalties(state, body) -> list:
@@ -148,70 +149,6 @@ def forced_tool(choice, api: str) -> str | None:
         ),
         param="tool_choice",
     )
-
-
-def tool_grammar(
-    tokenizer, tools: list[dict] | None, forced: str
-) -> GrammarSpec | None:
-    """A grammar for one call of the forced tool (any sent tool for "*"), in the
-    model's tool-call format; 400 for a tool that was not sent. None (the choice is
-    left to the model, with a log line) where the format has no grammar here."""
-    functions = [t["function"] for t in tools or [] if t.get("function")]
-    names = [f["name"] for f in functions]
-    if forced != "*" and forced not in names:
-        sent = ", ".join(names) or "none"
-        raise ApiError(
-            400,
-            f"'tool_choice' names the tool {forced!r}, which is not among the tools "
-            f"sent ({sent}): add it to 'tools' or name one of them.",
-            param="tool_choice",
-        )
-    if not functions:
-        raise ApiError(
-            400,
-            "'tool_choice' asks for a tool call but no tools were sent: add 'tools'.",
-            param="tool_choice",
-        )
-    parser = getattr(tokenizer, "tool_parser", None)
-    module = getattr(parser, "__module__", "") or ""
-    start, end = tokenizer.tool_call_start, tokenizer.tool_call_end
-    if not module.endswith("json_tools") or not start or not end:
-        log.warning(
-            "tool_choice %r not enforced: this model's tool-call format (%s) has no "
-            "grammar here (JSON in <tool_call> tags has)",
-            forced,
-            module.rsplit(".", 1)[-1] or "none",
-        )
-        return None
-    chosen = [f for f in functions if forced in ("*", f["name"])]
-    calls = [
-        {
-            "type": "object",
-            "properties": {
-                "name": {"const": f["name"]},
-                "arguments": f.get("parameters") or {"type": "object"},
-            },
-            "required": ["name", "arguments"],
-            "additionalProperties": False,
-        }
-        for f in chosen
-    ]
-    schema = calls[0] if len(calls) == 1 else {"anyOf": calls}
-    opening = _marker(start, getattr(tokenizer, "tool_call_start_tokens", None))
-    closing = _marker(end, getattr(tokenizer, "tool_call_end_tokens", None))
-    lark = (
-        f'start: {opening} "\\n" call "\\n" {closing}\n'
-        f"call: %json {json.dumps(schema)}\n"
-    )
-    return GrammarSpec("lark", lark, "tool schema")
-
-
-def _marker(text: str, tokens) -> str:
-    """A tool-call tag in Lark: its token by id where it is one token (a special
-    token, which no text matches), else its text."""
-    if tokens is not None and len(tokens) == 1:
-        return f"<[{tokens[0]}]>"
-    return json.dumps(text)
 
 
 def processors(state, body=None, grammar: GrammarSpec | None = None) -> tuple:
