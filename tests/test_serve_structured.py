@@ -264,3 +264,30 @@ def test_max_tokens_is_capped_at_the_context_left(server):
     ids = [5] * (state.context_length - 10)
     assert make_job(state, ids, Sampling(max_tokens=10**9)).max_tokens == 10
     assert make_job(state, [5], Sampling(max_tokens=10**9)).max_tokens == 256  # cap
+
+
+def test_tool_choice_none_keeps_the_model_from_calling(agent):
+    """The scripted model calls a tool whenever tools are sent; with "none" it
+    cannot open a call, on every API."""
+    body = {"messages": WEATHER, "tools": TOOLS, "max_tokens": 16}
+    answer = post(agent, "/v1/chat/completions", body)["choices"][0]
+    assert answer["finish_reason"] == "tool_calls"  # without: a call
+    answer = post(agent, "/v1/chat/completions", {**body, "tool_choice": "none"})
+    assert answer["choices"][0]["finish_reason"] != "tool_calls"
+    assert not answer["choices"][0]["message"].get("tool_calls")
+    anthropic_tools = [
+        {"name": t["function"]["name"], "input_schema": t["function"]["parameters"]}
+        for t in TOOLS
+    ]
+    r = httpx.post(
+        agent.url + "/v1/messages",
+        json={
+            "model": "tiny",
+            "messages": WEATHER,
+            "tools": anthropic_tools,
+            "max_tokens": 16,
+            "tool_choice": {"type": "none"},
+        },
+        timeout=120,
+    )
+    assert r.status_code == 200 and r.json()["stop_reason"] != "tool_use", r.text

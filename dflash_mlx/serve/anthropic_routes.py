@@ -163,7 +163,7 @@ async def messages(request: Request):
         top_p=req.top_p,
         top_k=req.top_k,
         stop=stop_list(req.stop_sequences, "stop_sequences"),
-        processors=constraints.processors(state, None, grammar),
+        processors=constraints.processors(state, None, grammar, req.tool_choice),
     )
     gen = start(
         state,

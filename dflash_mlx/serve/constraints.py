@@ -4,6 +4,7 @@ logits processors the engine applies at every verified position (exact under
 speculation: engine/processors.py). Bad values are 400s naming the field."""
 
 import json
+import logging
 
 from ..structured import Grammars, GrammarSpec
 from .errors import ApiError
@@ -12,6 +13,7 @@ from .tool_grammars import tool_grammar
 __all__ = ["forced_tool", "penalties", "processors", "response_format", "tool_grammar"]
 
 LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a bias value
+log = logging.getLogger("dflash_mlx.serve")
 
 
 def penalties(state, body) -> list:
@@ -151,10 +153,17 @@ def forced_tool(choice, api: str) -> str | None:
     )
 
 
-def processors(state, body=None, grammar: GrammarSpec | None = None) -> tuple:
+def processors(
+    state, body=None, grammar: GrammarSpec | None = None, tool_choice=None
+) -> tuple:
     """The request's processors: penalties and bias from `body` (None: none), then
-    `grammar`'s mask; 400 when the grammar library rejects it."""
+    `grammar`'s mask, and with `tool_choice` "none" a ban on opening a tool call;
+    400 when the grammar library rejects the grammar."""
     out = list(penalties(state, body)) if body is not None else []
+    if tool_choice == "none" or (
+        isinstance(tool_choice, dict) and tool_choice.get("type") == "none"
+    ):
+        out += no_tool_calls(state.tokenizer)
     if grammar is not None:
         try:
             out.append(grammars(state).processor(grammar))
@@ -167,6 +176,21 @@ def processors(state, body=None, grammar: GrammarSpec | None = None) -> tuple:
             "supported on a target sharded over ranks: leave them out.",
         )
     return tuple(out)
+
+
+def no_tool_calls(tokenizer) -> list:
+    """A processor that never lets the model open a tool call (`tool_choice` "none"),
+    where the call opens with one token of its own; else none (a call is left to the
+    model, as before)."""
+    from mlx_lm.sample_utils import make_logits_processors
+
+    tokens = getattr(tokenizer, "tool_call_start_tokens", None)
+    if not getattr(tokenizer, "has_tool_calling", False) or not tokens:
+        return []
+    if len(tokens) != 1:
+        log.warning("tool_choice 'none' not enforced: the tool-call tag is text")
+        return []
+    return make_logits_processors(logit_bias={tokens[0]: float("-inf")})
 
 
 def _param(spec: GrammarSpec) -> str:

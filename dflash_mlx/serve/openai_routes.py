@@ -108,7 +108,9 @@ def _sampling(state, req, logprobs: int, grammar=None) -> Sampling:
         seed=req.seed,
         stop=req.stop_strings(),
         logprobs=logprobs,
-        processors=constraints.processors(state, req, grammar),
+        processors=constraints.processors(
+            state, req, grammar, getattr(req, "tool_choice", None)
+        ),
     )
 
 

@@ -304,7 +304,7 @@ async def responses(request: Request):
         max_tokens=req.max_output_tokens,
         temperature=req.temperature,
         top_p=req.top_p,
-        processors=constraints.processors(state, None, grammar),
+        processors=constraints.processors(state, None, grammar, req.tool_choice),
     )
     gen = start(
         state,
