@@ -291,3 +291,36 @@ def test_tool_choice_none_keeps_the_model_from_calling(agent):
         timeout=120,
     )
     assert r.status_code == 200 and r.json()["stop_reason"] != "tool_use", r.text
+
+
+def test_the_one_at_a_time_lane_applies_them_too(models_dir):
+    """Quantized KV caches decode one sequence at a time (engine/loop.py per
+    request): a constrained and a penalised answer equal stream_generate's."""
+    import tiny
+
+    t = models_dir / "qwen3-kv32-target"
+    if not t.exists():
+        tiny.make_target(t, "qwen3", head_dim=32)
+    d = tiny.make_draft(models_dir / "qwen3-kv32-draft", t)
+    model, tok = load(str(t))
+    draft = load_draft(str(d))
+    pair = (model, tok, draft)
+    kv = dict(kv_bits=8, kv_group_size=32)
+    with LiveServer(model, tok, draft, block_size=4, max_tokens=64, **kv) as s:
+        assert type(s.state.scheduler.engine.decoding).__name__ == "Solo"
+        for body, ids, processors in (
+            (
+                {"response_format": JSON_SCHEMA},
+                chat_ids(tok, ASK, enable_thinking=False),
+                [schema_processor(pair)],
+            ),
+            (PENALTIES, chat_ids(tok, ASK), penalties()),
+        ):
+            responses = stream_generate(
+                model, draft, tok, ids, block_size=4, max_tokens=50,
+                logits_processors=processors, **kv,
+            )  # fmt: skip
+            expected = "".join(r.text for r in responses)
+            full = {"messages": ASK, "max_tokens": 50, **body}
+            answer = post(s, "/v1/chat/completions", full)["choices"][0]
+            assert answer["message"]["content"] == expected
