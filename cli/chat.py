@@ -125,6 +125,8 @@ def chat(
     pipeline: bool = options.pipeline(),
     kv_bits: str | None = options.kv_bits(),
     kv_group_size: str = options.kv_group_size(),
+    json_schema: str | None = options.json_schema(),
+    grammar: str | None = options.grammar(),
 ):
     """Chat in the terminal with live tok/s and acceptance length."""
     from dflash_mlx.chat import Settings
@@ -137,9 +139,11 @@ def chat(
     with errors.usage(out):
         group = join(pipeline)
         bits, group_size = options.parse_kv(kv_bits, kv_group_size)
+        spec = options.parse_grammar(json_schema, grammar)
         settings = Settings(
             kv_bits=bits,
             kv_group_size=group_size,
+            grammar=spec,
             temperature=temp,
             top_p=top_p,
             top_k=top_k,
@@ -155,7 +159,7 @@ def chat(
             draft,
             no_draft,
             system=system,
-            thinking=thinking,
+            thinking=False if spec is not None else thinking,
             settings=settings,
             status=lambda m: ui.loading(out, m),
             distributed=group,

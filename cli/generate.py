@@ -33,6 +33,8 @@ def generate(
     pipeline: bool = options.pipeline(),
     kv_bits: str | None = options.kv_bits(),
     kv_group_size: str = options.kv_group_size(),
+    json_schema: str | None = options.json_schema(),
+    grammar: str | None = options.grammar(),
     check: bool = typer.Option(
         False,
         "--check",
@@ -56,9 +58,11 @@ def generate(
         validate.seed(seed)
         _check_options(check, temp, group)
         bits, group_size = options.parse_kv(kv_bits, kv_group_size)
+        spec = options.parse_grammar(json_schema, grammar)
         settings = Settings(
             kv_bits=bits,
             kv_group_size=group_size,
+            grammar=spec,
             seed=seed,
             temperature=temp,
             top_p=top_p,
@@ -75,7 +79,7 @@ def generate(
             draft,
             no_draft,
             system=system,
-            thinking=thinking,
+            thinking=False if spec is not None else thinking,
             settings=settings,
             raw=raw,
             distributed=group,
@@ -90,7 +94,7 @@ def generate(
             if not as_json:
                 sys.stdout.write(chunk.text)
                 sys.stdout.flush()
-        exact = _check(session, prompt_ids, tokens) if check else None
+        exact = _check(session, prompt_ids, tokens, spec) if check else None
     if as_json:
         sampling = {"temperature": temp, "top_p": top_p, "top_k": top_k, "seed": seed}
         record = _record(session, note, text, stats, sampling)
@@ -118,15 +122,41 @@ def _check_options(check: bool, temp: float, group):
         )
 
 
-def _check(session, prompt_ids: list[int], tokens: list[int]):
+def _check(session, prompt_ids: list[int], tokens: list[int], spec=None):
     """The answer against plain mlx-lm decoding of the same prompt, on the same KV
-    cache quantization (exactness.py)."""
+    cache quantization (exactness.py), under the same grammar when there is one."""
     from dflash_mlx.engine.exactness import check
 
     s = session.settings
-    return check(
-        session.model, session.tokenizer, prompt_ids, tokens, s.kv_bits, s.kv_group_size
+    if spec is None:
+        return check(
+            session.model,
+            session.tokenizer,
+            prompt_ids,
+            tokens,
+            s.kv_bits,
+            s.kv_group_size,
+        )
+    import mlx_lm
+
+    from dflash_mlx.engine.exactness import IDENTICAL, MISMATCH, Difference, Exactness
+
+    steps = mlx_lm.stream_generate(
+        session.model,
+        session.tokenizer,
+        prompt_ids,
+        max_tokens=len(tokens),
+        logits_processors=[session.grammar_processor()],
     )
+    reference = [r.token for r in steps]
+    if reference == tokens:
+        return Exactness(IDENTICAL, (), len(tokens))
+    i = next(
+        (i for i, (a, b) in enumerate(zip(reference, tokens, strict=False)) if a != b),
+        min(len(reference), len(tokens)),
+    )
+    at = lambda seq: seq[i] if i < len(seq) else None  # noqa: E731
+    return Exactness(MISMATCH, (Difference(i, at(reference), at(tokens)),), i)
 
 
 def _report(err, exact):

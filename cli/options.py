@@ -100,6 +100,52 @@ def kv_bits():
     )
 
 
+def json_schema():
+    return typer.Option(
+        None,
+        "--json-schema",
+        help="Constrain the answer to this JSON schema (a file), exactly under "
+        "speculation (the structured extra: pip install 'mlx-dflash[structured]').",
+        metavar="FILE",
+        show_default=False,
+    )
+
+
+def grammar():
+    return typer.Option(
+        None,
+        "--grammar",
+        help="Constrain the answer to this Lark grammar (a file; llguidance's "
+        "dialect): exact under speculation.",
+        metavar="FILE",
+        show_default=False,
+    )
+
+
+def parse_grammar(json_schema: str | None, grammar: str | None):
+    """The GrammarSpec of --json-schema or --grammar (None for neither); a ValueError
+    for both, an unreadable file or a schema that is not JSON."""
+    from pathlib import Path
+
+    from dflash_mlx.structured import GrammarSpec
+
+    if json_schema is not None and grammar is not None:
+        raise ValueError("Pass --json-schema or --grammar, not both.")
+    path = json_schema if json_schema is not None else grammar
+    if path is None:
+        return None
+    option = "--json-schema" if json_schema is not None else "--grammar"
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(
+            f"{option}: cannot read {path} ({e}): give a UTF-8 file."
+        ) from None
+    if json_schema is not None:
+        return GrammarSpec.json_schema(text, f"JSON schema in {path}")
+    return GrammarSpec("lark", text, f"grammar in {path}")
+
+
 def kv_group_size():
     return typer.Option(
         "64",

@@ -14,6 +14,7 @@ from .engine.loop import Block, TokenLogprobs, as_target, generate_blocks
 from .engine.policy import AdaptiveBlockSize, FixedBlockSize
 from .models.cache import PromptCache
 from .sampling import SamplingParams
+from .structured import DEAD_END
 
 
 @dataclass
@@ -141,6 +142,7 @@ def stream_generate(
     kv_bits: int | None = None,
     kv_group_size: int = 64,
     prompt_progress_callback: Callable[[int, int], None] | None = None,
+    logits_processors: list | None = None,
 ) -> Generator[GenerationResponse, None, None]:
     """Generate from `prompt`, yielding one response per verified block.
 
@@ -165,6 +167,13 @@ def stream_generate(
     the same quantized cache); a `prompt_cache` keeps the quantization it was made with.
     `prompt_progress_callback(done, total)`, as mlx-lm's: prompt tokens processed so
     far (the reused prefix counts as done), at the start and after each prefill chunk.
+    `logits_processors`: mlx-lm's `(tokens, logits) -> logits` callables (e.g.
+    `mlx_lm.sample_utils.make_logits_processors`, or `structured.grammar_processor`),
+    applied to the target's logits at every verified position with the history up to
+    it (prompt included, as mlx-lm): greedy output equals mlx-lm's plain decoding with
+    the same processors, sampled output keeps its distribution. Logprobs stay the raw
+    model's. A stateful processor (a grammar) serves one generation: make a new one
+    for each call.
     """
     from mlx_lm.generate import generation_stream, wired_limit
 
@@ -196,9 +205,11 @@ def stream_generate(
             logprobs=logprobs,
             lookup=index,
             prompt_progress_callback=prompt_progress_callback,
+            logits_processors=logits_processors,
         )
         try:
-            yield from _responses(blocks, ids, max_tokens, detokenizer, tic)
+            responses = _responses(blocks, ids, max_tokens, detokenizer, tic)
+            yield from _dead_ends(responses, logits_processors)
         finally:
             blocks.close()  # roll back a block still in flight, now rather than at GC
 
@@ -274,6 +285,17 @@ def _responses(blocks, ids, max_tokens, detokenizer, tic):
             token_texts=texts,
             source=block.source,
         )
+
+
+def _dead_ends(responses, processors):
+    """The last response's finish reason is "grammar" where a grammar processor ran
+    out of tokens to allow (it ended the answer on a stop token)."""
+    processors = [processors] if callable(processors) else processors or ()
+    grammars = [p for p in processors if hasattr(p, "dead_end")]
+    for response in responses:
+        if response.finish_reason == "stop" and any(p.dead_end for p in grammars):
+            response.finish_reason = DEAD_END
+        yield response
 
 
 def generate(model, draft, tokenizer, prompt, verbose: bool = False, **kwargs) -> str:

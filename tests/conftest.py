@@ -36,6 +36,10 @@ LOSSLESS_CORE = (
     "test_serve_anthropic.py::test_responses_equal_generate_streamed_or_not",
     "test_distributed.py::test_greedy_on_two_ranks_equals_plain_decoding[qwen3_5-",
     "test_exactness.py::",
+    "test_processors.py::test_greedy_processed_equals_plain_decoding",
+    "test_processors.py::test_batched_greedy_processed_equals_plain_decoding",
+    "test_structured.py::test_greedy_constrained_equals_plain_constrained",
+    "test_structured.py::test_batched_greedy_constrained_equals_plain_constrained",
 )
 
 

@@ -14,6 +14,7 @@ from dflash_mlx.engine.batch import Batch, Request
 from dflash_mlx.engine.loop import as_target
 from dflash_mlx.engine.policy import FixedBlockSize
 from dflash_mlx.engine.prefill import first_token, prefill
+from dflash_mlx.engine.processors import Processors
 from dflash_mlx.generate import make_prompt_cache
 from dflash_mlx.kernels import MLX
 from dflash_mlx.models.draft import Model
@@ -42,7 +43,10 @@ def _start(batch, target, draft, ids, request):
     seeded = None
     if request.seed is not None and not request.params.greedy:
         seeded = SeededNoise(request.seed)
-    token, _ = first_token(target, request.params, seeded, logits, len(ids))
+    processors = Processors.of(request.logits_processors or None)
+    token, _ = first_token(
+        target, request.params, seeded, logits, len(ids), 0, processors, ids
+    )
     if token in request.stop_tokens:
         return None, token
     return batch.join(request, cache, token), token

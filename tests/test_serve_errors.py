@@ -12,6 +12,11 @@ from dflash_mlx import load, load_draft
 USER = [{"role": "user", "content": "hi"}]
 CHAT = {"model": "tiny", "messages": USER, "max_tokens": 4}
 MESSAGES = {"model": "tiny", "messages": USER, "max_tokens": 4}
+TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {}}}
+
+
+def FORCE(name):
+    return {"type": "function", "function": {"name": name}}
 
 
 @pytest.fixture(scope="module")
@@ -78,14 +83,76 @@ BAD_CHAT = [
         "top_logprobs",
         "20",
     ),
-    ("penalty", {**CHAT, "presence_penalty": 0.5}, 400, "presence_penalty", "leave it"),
-    ("logit_bias", {**CHAT, "logit_bias": {"5": 3}}, 400, "logit_bias", "leave it"),
+    ("penalty range", {**CHAT, "presence_penalty": 5}, 400, "presence_penalty", "[-2"),
     (
-        "json mode",
-        {**CHAT, "response_format": {"type": "json_object"}},
+        "repetition_penalty 0",
+        {**CHAT, "repetition_penalty": 0.0},
+        400,
+        "repetition_penalty",
+        "> 0",
+    ),
+    (
+        "logit_bias outside the vocabulary",
+        {**CHAT, "logit_bias": {"999999": 3}},
+        400,
+        "logit_bias",
+        "not a token id",
+    ),
+    (
+        "logit_bias key not an id",
+        {**CHAT, "logit_bias": {"hello": 3}},
+        400,
+        "logit_bias",
+        "not a token id",
+    ),
+    ("logit_bias value", {**CHAT, "logit_bias": {"5": 300}}, 400, "logit_bias", "100"),
+    (
+        "a schema the grammar library rejects",
+        {
+            **CHAT,
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {"name": "x", "schema": {"type": "no-such-type"}},
+            },
+        },
+        400,
+        "response_format",
+        "not valid",
+    ),
+    (
+        "json_schema without a schema",
+        {**CHAT, "response_format": {"type": "json_schema", "json_schema": {}}},
+        400,
+        "response_format",
+        "needs a 'schema'",
+    ),
+    (
+        "response_format type",
+        {**CHAT, "response_format": {"type": "yaml"}},
         400,
         "response_format",
         "not supported",
+    ),
+    (
+        "tool_choice naming a tool not sent",
+        {**CHAT, "tools": [TOOL], "tool_choice": FORCE("nope")},
+        400,
+        "tool_choice",
+        "not among the tools sent (get_time)",
+    ),
+    (
+        "tool_choice without tools",
+        {**CHAT, "tool_choice": "required"},
+        400,
+        "tool_choice",
+        "no tools were sent",
+    ),
+    (
+        "tool_choice of another shape",
+        {**CHAT, "tools": [TOOL], "tool_choice": {"type": "magic"}},
+        400,
+        "tool_choice",
+        "is not one this API takes",
     ),
     (
         "template kwargs",
@@ -145,6 +212,33 @@ BAD_OTHER = [
         "stateless",
     ),
     ("/v1/responses", {"model": "tiny", "input": [{"type": "image"}]}, 400, "item"),
+    (
+        "/v1/responses",
+        {
+            "model": "tiny",
+            "input": "a",
+            "tools": [{"type": "function", "name": "get_time", "parameters": {}}],
+            "tool_choice": {"type": "function", "name": "nope"},
+        },
+        400,
+        "not among the tools sent",
+    ),
+    (
+        "/v1/responses",
+        {
+            "model": "tiny",
+            "input": "a",
+            "text": {"format": {"type": "json_schema", "schema": {"type": 5}}},
+        },
+        400,
+        "not valid",
+    ),
+    (
+        "/v1/completions",
+        {"model": "tiny", "prompt": "a", "logit_bias": {"-1": 1}},
+        400,
+        "not a token id",
+    ),
     ("/v1/nothing", {}, 404, "no route"),
 ]
 
@@ -176,6 +270,16 @@ BAD_MESSAGES = [
         "text model",
     ),
     ({**MESSAGES, "stop_sequences": [""]}, 400, "invalid_request_error", "empty"),
+    (
+        {
+            **MESSAGES,
+            "tools": [{"name": "get_time", "input_schema": {"type": "object"}}],
+            "tool_choice": {"type": "tool", "name": "nope"},
+        },
+        400,
+        "invalid_request_error",
+        "not among the tools sent (get_time)",
+    ),
 ]
 
 

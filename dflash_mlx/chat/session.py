@@ -9,6 +9,7 @@ from typing import Any
 
 from .. import conversation, validate
 from ..engine.lookup import LookupIndex
+from ..engine.loop import as_target
 from ..engine.policy import AdaptiveBlockSize
 from ..generate import make_prompt_cache, stream_generate, wrap_tokenizer
 from ..loading.resolve import context_length
@@ -33,6 +34,7 @@ class Settings:
     seed: int | None = None  # sampling seed; turn i draws with seed + i
     kv_bits: int | None = None  # the target's KV cache quantized (None: float)
     kv_group_size: int = 64
+    grammar: object = None  # structured.GrammarSpec: every answer follows it
 
     def __post_init__(self):
         """Refuse nonsense at once (the CLI checks its options here, before loading)."""
@@ -79,6 +81,7 @@ class ChatSession:
         self._adaptive: AdaptiveBlockSize | None = policy
         # prompt lookup's index of the whole conversation, extended turn by turn
         self.lookup = LookupIndex()
+        self._grammars = None  # structured.Grammars, for the settings' grammar
 
     def _new_cache(self):
         """Empty caches for this session's pair, its KV cache quantized as the
@@ -177,6 +180,15 @@ class ChatSession:
         ]
         return all(o == n for o in offsets)
 
+    def grammar_processor(self):
+        """A fresh processor of the settings' grammar (one per answer)."""
+        from ..structured import Grammars
+
+        if self._grammars is None:
+            vocab = as_target(self.model, self.draft).vocab_size
+            self._grammars = Grammars(self.tokenizer, vocab)
+        return self._grammars.processor(self.settings.grammar)
+
     # -- a turn -----------------------------------------------------------------------
     def stream(self, text: str, progress=None) -> Generator[Chunk, None, None]:
         """Answer `text`, one Chunk per verified block. Closing the iterator early (or a
@@ -235,6 +247,7 @@ class ChatSession:
             prompt_cache=self.cache,
             seed=None if s.seed is None else s.seed + len(self.turns),
             prompt_progress_callback=progress,
+            logits_processors=[self.grammar_processor()] if s.grammar else None,
         )
         failed = False
         try:

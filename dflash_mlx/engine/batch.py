@@ -34,6 +34,7 @@ from .lockstep import Lockstep, shared_seed
 from .lookup import LookupIndex
 from .loop import Block
 from .policy import MAX_LOOKUP, FixedBlockSize
+from .processors import Processors
 from .sources import DRAFT, LOOKUP, NAMES, SPLICE, Plan
 from .step import accept, logprob_rows
 from .trace import StepTrace
@@ -49,6 +50,8 @@ class Request:
     stop_tokens: frozenset = frozenset()
     seed: int | None = None
     logprobs: int = 0
+    # mlx-lm's (tokens, logits) -> logits, at each verified position (processors.py)
+    logits_processors: tuple = ()
 
 
 @dataclass(eq=False)
@@ -64,6 +67,7 @@ class Member:
     # features of committed tokens the drafter has not absorbed yet
     unabsorbed: list[mx.array] = field(default_factory=list)
     index: LookupIndex | None = None  # its history, for prompt lookup
+    processors: Processors | None = None  # its logits processors, if any
 
     @property
     def room(self) -> float:
@@ -121,6 +125,7 @@ class Batch:
         if seed is not None and not request.params.greedy:
             seeded = SeededNoise(seed)
         member = Member(request, row, first, list(cache.tokens), 1, seeded)
+        member.processors = Processors.of(request.logits_processors or None)
         if self.lookup:
             member.index = LookupIndex()
             member.index.sync([*cache.tokens, first])
@@ -299,11 +304,16 @@ class Batch:
         commits; and the logprob arrays of the rows that asked for them."""
         out = [mx.zeros((1 + size,), mx.int32)] * len(self.members)
         logprobs = {}
+        if any(m.processors is not None for m in members):
+            mx.async_eval(logits)  # the target verifies while the processors run
         for m in members:
             d = None if drafts is None else drafts[m.row]
             q = None if q_rows is None else q_rows.get(m.row)
             params, noise = m.request.params, self._noise(m, size)
-            accepted, emitted = accept(params, d, q, logits[m.row], noise)
+            row = logits[m.row]
+            if m.processors is not None:
+                row = m.processors.apply(m.tokens, m.last, row, d)
+            accepted, emitted = accept(params, d, q, row, noise)
             out[m.row] = mx.concatenate(
                 [accepted[None].astype(mx.int32), emitted.astype(mx.int32)]
             )

@@ -38,6 +38,7 @@ from ..sampling import SamplingParams, SeededNoise, token_logprobs
 from .lookup import LookupIndex
 from .policy import MAX_LOOKUP, AdaptiveBlockSize, FixedBlockSize
 from .prefill import prefill
+from .processors import Processors
 from .sources import DRAFT, LOOKUP, Plan
 from .step import Step, TokenLogprobs, accept, logprob_rows
 
@@ -84,6 +85,7 @@ def generate_blocks(
     logprobs: int = 0,
     lookup: LookupIndex | None = None,
     prompt_progress_callback: Callable[[int, int], None] | None = None,
+    logits_processors=None,
 ) -> Generator[Block, None, None]:
     """Yield committed blocks of token ids; the first block is the prefill's token.
 
@@ -97,7 +99,10 @@ def generate_blocks(
     drafts). With `logprobs` k >= 1, each block carries the target's log-probabilities
     of its tokens and top k. With `lookup` (a `LookupIndex`, synced here with the prompt
     and extended with each committed token), a policy with `plan` may verify copies
-    from the history instead of, or ahead of, the drafter's drafts.
+    from the history instead of, or ahead of, the drafter's drafts. With
+    `logits_processors` (mlx-lm's `(tokens, logits) -> logits`), the target's logits at
+    every verified position are processed with the history up to it first
+    (processors.py): the output is plain decoding's with the same processors.
     """
     prompt = validate.token_ids(prompt, target.vocab_size)
     validate.max_tokens(max_tokens)
@@ -112,6 +117,7 @@ def generate_blocks(
             block_size = cast(AdaptiveBlockSize, Lockstep(block_size, group))
         if seed is None and not params.greedy:
             seed = shared_seed(group)
+    processors = Processors.of(logits_processors)
     owner = object()
     cache.claim(owner)
     try:
@@ -130,6 +136,7 @@ def generate_blocks(
             logprobs,
             lookup,
             prompt_progress_callback,
+            processors,
         )
     finally:
         cache.release(owner)
@@ -150,6 +157,7 @@ def _blocks(
     top_logprobs: int,
     lookup: LookupIndex | None,
     progress: Callable[[int, int], None] | None,
+    processors: Processors | None = None,
 ) -> Generator[Block, None, None]:
     policy = FixedBlockSize(1) if draft is None and lookup is None else block_size
     if isinstance(policy, int):
@@ -157,6 +165,7 @@ def _blocks(
     run = _Run(target, draft, cache, params, policy, stop_tokens, seeded, top_logprobs)
     run.lookup, run.plan = lookup, getattr(policy, "plan", None)
     run.progress = progress
+    run.processors = processors
     budget = max_tokens if max_tokens >= 0 else float("inf")
     stream = stream or mx.default_stream(mx.default_device())
     with mx.stream(stream):
@@ -207,6 +216,7 @@ class _Run:
         self.lookup: LookupIndex | None = None  # the history's index, when copying
         self.plan = None  # the policy's `plan`, where it has one
         self.progress = None  # the prefill's progress callback (done, total)
+        self.processors: Processors | None = None  # logits processors, if any
 
     def prefill(self, prompt: Sequence[int], step: int) -> Block:
         """Feed the prompt (after the cached prefix); the first token as a Block."""
@@ -217,7 +227,10 @@ class _Run:
         noise = None  # the first token's position: just after the prompt
         if self.seeded is not None and not self.params.greedy:
             noise = self.seeded.at(len(cache.tokens), 1, target.vocab_size)
-        sampled = accept(self.params, None, None, logits[None], noise)[1][0]
+        processed = logits[None]
+        if self.processors is not None:
+            processed = self.processors.apply(cache.tokens, None, processed)
+        sampled = accept(self.params, None, None, processed, noise)[1][0]
         rows = None
         if self.top > 0:
             rows = logprob_rows(

@@ -2,13 +2,14 @@
 before any block is verified (engine/loop.py runs it for one sequence; the server
 runs it in chunks, one sequence at a time, between the batch's steps)."""
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
 from ..models.cache import PromptCache
 from ..models.target import Target
 from ..sampling import SamplingParams, SeededNoise, token_logprobs
+from .processors import Processors
 from .step import TokenLogprobs, accept, logprob_rows
 
 
@@ -87,13 +88,19 @@ def first_token(
     logits: mx.array,
     position: int,
     top: int = 0,
+    processors: Processors | None = None,
+    prompt: Sequence[int] = (),
 ) -> tuple[int, list[TokenLogprobs] | None]:
     """The token after the prompt (at `position`) from its logits, drawn as the
-    engine draws every token, and its logprob rows when `top` > 0 (one sync)."""
+    engine draws every token, and its logprob rows when `top` > 0 (one sync);
+    `processors` see the `prompt`'s ids."""
     noise = None
     if seeded is not None and not params.greedy:
         noise = seeded.at(position, 1, target.vocab_size)
-    sampled = accept(params, None, None, logits[None], noise)[1][0]
+    processed = logits[None]
+    if processors is not None:
+        processed = processors.apply(prompt, None, processed)
+    sampled = accept(params, None, None, processed, noise)[1][0]
     rows = None
     if top > 0:
         rows = logprob_rows(token_logprobs(logits[None], sampled[None], top), 1)

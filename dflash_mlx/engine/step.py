@@ -87,7 +87,7 @@ class Step:
     """One planned block in flight (lazy until `resolve`).
 
     `run` holds the generation's fixed parts (target, draft, head, cache, params,
-    mask_id, keep_drafts, may_cut, seeded, top). A drafter block may be cut
+    mask_id, keep_drafts, may_cut, seeded, top, processors). A drafter block may be cut
     (`keep_drafts`, the adaptive policy's `cut`): its drafts are evaluated first and
     only the prefix chosen from the drafter's confidences is verified, a second sync
     per block paid back where verifying fewer tokens is cheaper (CPUs); where the
@@ -114,7 +114,10 @@ class Step:
             drafts, verify_ids = None, first[None]
         self.verified = verify_ids.shape[1]
         hidden, self.features = target(verify_ids, cache.target, self.tape)
-        logits = target.logits(hidden)[0]
+        raw = logits = target.logits(hidden)[0]
+        if run.processors is not None:  # the target verifies while they run
+            mx.async_eval(logits)
+            logits = run.processors.apply(cache.tokens, last, logits, drafts)
         if drafts is not None and params.greedy:
             self.result = greedy_result(drafts, logits)
             emitted = self.result[1:]
@@ -127,7 +130,7 @@ class Step:
             self.result = mx.concatenate([count, emitted])
         self.logprobs = None
         if run.top > 0:
-            self.logprobs = token_logprobs(logits, emitted, run.top)
+            self.logprobs = token_logprobs(raw, emitted, run.top)
         mx.async_eval(self.result, *(self.logprobs or ()))
 
     @property

@@ -5,6 +5,7 @@ import uuid
 
 from fastapi import APIRouter, Request
 
+from . import constraints
 from .bodies import read_request
 from .errors import ApiError, anthropic_error
 from .prompting import message_text, render_chat, skip_tools, tool_output_text
@@ -92,12 +93,14 @@ def function_tools(tools) -> list[dict] | None:
     return out or None
 
 
-def _render(state, req: CountTokensRequest):
+def _render(state, req: CountTokensRequest, thinking: bool = True):
+    """The prompt and tools; `thinking` False turns the template's thinking off (a
+    forced tool call holds from the answer's first token)."""
     messages, tools = chat_conversation(req)
     kwargs = {}
-    thinking = THINKING.get(str((req.thinking or {}).get("type")))
-    if thinking is not None:
-        kwargs["enable_thinking"] = thinking
+    asked = THINKING.get(str((req.thinking or {}).get("type")))
+    if asked is not None or not thinking:
+        kwargs["enable_thinking"] = bool(asked) and thinking
     return render_chat(state.tokenizer, messages, tools, kwargs, state.history), tools
 
 
@@ -147,7 +150,12 @@ async def messages(request: Request):
     state = request.app.state.server
     req = await read_request(request, MessagesRequest)
     model = state.config.served_model(req.model)
-    prompt, tools = _render(state, req)
+    forced = constraints.forced_tool(req.tool_choice, "anthropic")
+    grammar = None
+    if forced is not None:
+        _, tools = chat_conversation(req)
+        grammar = constraints.tool_grammar(state.tokenizer, tools, forced)
+    prompt, tools = _render(state, req, thinking=grammar is None)
     ids, initial = prompt.ids, prompt.state
     sampling = Sampling(
         max_tokens=req.max_tokens,
@@ -155,6 +163,7 @@ async def messages(request: Request):
         top_p=req.top_p,
         top_k=req.top_k,
         stop=stop_list(req.stop_sequences, "stop_sequences"),
+        processors=constraints.processors(state, None, grammar, req.tool_choice),
     )
     gen = start(
         state,

@@ -22,6 +22,7 @@ from ..engine.lookup import LookupIndex
 from ..engine.loop import Block, generate_blocks
 from ..engine.prefill import first_token, prefill
 from ..engine.trace import StepTrace
+from ..engine.processors import Processors
 from ..models.cache import PromptCache
 from ..models.prefix import PrefixStore, take_snapshot
 from ..models.ragged import BatchCaches
@@ -138,15 +139,19 @@ class ServeEngine:
         seeded = None if job.seed is None else SeededNoise(job.seed)
         if seeded is None and self.target.group is not None and not params.greedy:
             seeded = SeededNoise(shared_seed(self.target.group))
+        processors = Processors.of(job.logits_processors or None)
         token, rows = first_token(
-            self.target, params, seeded, logits, len(cache.tokens), job.logprobs
-        )
+            self.target, params, seeded, logits, len(cache.tokens), job.logprobs,
+            processors, cache.tokens,
+        )  # fmt: skip
         self._spent(seq, start, len(ids))
         seq.produced, seq.decode_start = 1, time.perf_counter()
         finished = token in self.stop_tokens
         if not finished and job.max_tokens > 1:
             stops, budget = self.stop_tokens, job.max_tokens
-            request = Request(params, budget, stops, job.seed, job.logprobs)
+            request = Request(
+                params, budget, stops, job.seed, job.logprobs, job.logits_processors
+            )
             seq.member = self.decoding.join(request, cache, token)
             seq.cache = None
         return Block([token], 0, 1, finished, reused=seq.reused, logprobs=rows)
@@ -293,6 +298,7 @@ class Solo:
             seed=request.seed,
             logprobs=request.logprobs,
             lookup=LookupIndex() if self.lookup else None,
+            logits_processors=request.logits_processors or None,
         )
         member = _Solo(request, cache, blocks)
         self.members.append(member)

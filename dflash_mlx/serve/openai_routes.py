@@ -8,6 +8,8 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from .. import __version__
+from ..structured import DEAD_END
+from . import constraints
 from .bodies import read_request
 from .errors import ApiError, openai_error
 from .prompting import chat_messages, completion_prompt, render_chat, tool_specs
@@ -91,13 +93,12 @@ def tool_calls(calls: list[dict], first_index: int | None = None) -> list[dict]:
 
 
 def finish_reason(gen: Generation) -> str:
-    if gen.finish == "length":
-        return "length"
+    if gen.finish in ("length", DEAD_END):
+        return gen.finish
     return "tool_calls" if gen.text.made_tool_call else "stop"
 
 
-def _sampling(req, logprobs: int) -> Sampling:
-    req.check_supported()
+def _sampling(state, req, logprobs: int, grammar=None) -> Sampling:
     return Sampling(
         max_tokens=getattr(req, "max_completion_tokens", None) or req.max_tokens,
         temperature=req.temperature,
@@ -107,6 +108,9 @@ def _sampling(req, logprobs: int) -> Sampling:
         seed=req.seed,
         stop=req.stop_strings(),
         logprobs=logprobs,
+        processors=constraints.processors(
+            state, req, grammar, getattr(req, "tool_choice", None)
+        ),
     )
 
 
@@ -123,6 +127,12 @@ async def chat_completions(request: Request):
     if req.enable_thinking is not None:
         template_kwargs["enable_thinking"] = req.enable_thinking
     tools = tool_specs(req.tools)
+    grammar = constraints.response_format(req.response_format)
+    forced = constraints.forced_tool(req.tool_choice, "openai")
+    if forced is not None:
+        grammar = constraints.tool_grammar(state.tokenizer, tools, forced)
+    if grammar is not None:  # the grammar holds from the answer's first token
+        template_kwargs["enable_thinking"] = False
     prompt = render_chat(
         state.tokenizer,
         chat_messages(req.messages),
@@ -132,7 +142,7 @@ async def chat_completions(request: Request):
     )
     ids, initial = prompt.ids, prompt.state
     top = req.top_logprobs or 0
-    sampling = _sampling(req, max(top, 1) if req.logprobs else 0)
+    sampling = _sampling(state, req, max(top, 1) if req.logprobs else 0, grammar)
     gen = start(
         state,
         ids,
@@ -241,7 +251,9 @@ async def completions(request: Request):
             400, "'echo' is not supported: leave it out or send false.", param="echo"
         )
     ids = completion_prompt(state.tokenizer, req.prompt, state.target.vocab_size)
-    gen = start(state, ids, _sampling(req, req.logprobs or 0), "completions", raw=True)
+    grammar = constraints.response_format(req.response_format)
+    sampling = _sampling(state, req, req.logprobs or 0, grammar)
+    gen = start(state, ids, sampling, "completions", raw=True)
     head = _head("cmpl", model, "text_completion")
     gen.request_id = head["id"]
     if req.stream:

@@ -8,6 +8,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
+from . import constraints
 from .bodies import read_request
 from .errors import ApiError
 from .prompting import message_text, render_chat, skip_tools, tool_output_text
@@ -290,10 +291,20 @@ async def responses(request: Request):
     effort = (req.reasoning or {}).get("effort")
     if effort is not None:
         kwargs["enable_thinking"] = effort not in ("none", "minimal")
+    text_format = (req.text or {}).get("format")
+    grammar = constraints.response_format(text_format, "text.format")
+    forced = constraints.forced_tool(req.tool_choice, "responses")
+    if forced is not None:
+        grammar = constraints.tool_grammar(state.tokenizer, tools, forced)
+    if grammar is not None:  # the grammar holds from the answer's first token
+        kwargs["enable_thinking"] = False
     prompt = render_chat(state.tokenizer, messages, tools, kwargs, state.history)
     ids, initial = prompt.ids, prompt.state
     sampling = Sampling(
-        max_tokens=req.max_output_tokens, temperature=req.temperature, top_p=req.top_p
+        max_tokens=req.max_output_tokens,
+        temperature=req.temperature,
+        top_p=req.top_p,
+        processors=constraints.processors(state, None, grammar, req.tool_choice),
     )
     gen = start(
         state,
@@ -319,7 +330,7 @@ async def responses(request: Request):
         "store": False,
         "temperature": req.temperature,
         "top_p": req.top_p,
-        "tool_choice": "auto",
+        "tool_choice": req.tool_choice or "auto",
         "tools": req.tools or [],
     }
     gen.request_id = head["id"]

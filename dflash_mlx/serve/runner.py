@@ -7,6 +7,7 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 
+from ..structured import DEAD_END
 from .errors import ApiError
 from .scheduler import Failed, Finished, Job, Prefilled, QueueFull, ShuttingDown
 from .textstream import Delta, TextStream
@@ -49,6 +50,8 @@ class Sampling:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     logprobs: int = 0  # alternatives per token (0 = no logprobs)
+    # logits processors (penalties, logit_bias, a grammar): serve/constraints.py
+    processors: tuple = ()
 
 
 @dataclass
@@ -119,7 +122,9 @@ class Generation:
         self.request_id: str | None = None  # the response's id, once the route has it
         self.number: int | None = None  # the dashboard's (metrics.observe_start)
         self.started = time.monotonic()
-        self.finish: str | None = None  # "eos", "length" or "stop" (a stop string)
+        # "eos", "length", "stop" (a stop string) or "grammar" (a grammar's dead end)
+        self.finish: str | None = None
+        self.processors: tuple = ()  # the request's logits processors
         self.prompt = None  # the chat prompt, when the answer may be resent
         self.content = ""  # the answer as the client got it
         self._checked = time.monotonic()
@@ -208,6 +213,8 @@ class Generation:
                     self.finish = "stop"
                 elif event.finish_reason is not None:
                     self.finish = "eos" if event.finish_reason == "stop" else "length"
+                    if self.finish == "eos" and self._dead_end():
+                        self.finish = DEAD_END
                 if self.finish is not None:
                     self.ticket.cancel()  # a stop string: no more blocks needed
                     delta.extend(self.text.finish())
@@ -227,6 +234,10 @@ class Generation:
         finally:
             self.ticket.cancel()  # client gone or error: free the engine slot
             self.state.metrics.observe_end(self.endpoint, status, self)
+
+    def _dead_end(self) -> bool:
+        """Whether a grammar ended the answer for want of any token it allows."""
+        return any(getattr(p, "dead_end", False) for p in self.processors)
 
     def _keep_for_next_turn(self):
         """The answer's ids, for when the client resends it as text: only a plain
@@ -310,6 +321,7 @@ def make_job(state, ids: list[int], sampling: Sampling, boundary: int = 0) -> Jo
         seed=sampling.seed,
         logprobs=sampling.logprobs,
         boundaries=(boundary,) if boundary else (),
+        logits_processors=sampling.processors,
     )
 
 
@@ -347,6 +359,6 @@ def start(
         initial_state=initial_state,
     )
     generation = Generation(state, ticket, text, endpoint)
-    generation.prompt = prompt
+    generation.prompt, generation.processors = prompt, sampling.processors
     state.metrics.observe_start(generation)
     return generation

@@ -36,6 +36,8 @@ class Job:
     logprobs: int = 0  # alternatives per token to report; 0 = none
     # prompt positions worth a prefix-cache snapshot (e.g. the end of the system part)
     boundaries: tuple[int, ...] = ()
+    # mlx-lm's (tokens, logits) -> logits at each verified position (never mirrored)
+    logits_processors: tuple = ()
 
 
 @dataclass

@@ -80,31 +80,6 @@ class SamplingBody(_Body):
     def stop_strings(self) -> tuple[str, ...]:
         return stop_list(self.stop, "stop")
 
-    def check_supported(self):
-        """A 400 for options that would change the target's distribution, which
-        speculative decoding here keeps exact (only temperature/top-p/top-k/min-p)."""
-        changed = [
-            name
-            for name, neutral in (
-                ("frequency_penalty", 0),
-                ("presence_penalty", 0),
-                ("repetition_penalty", 1),
-            )
-            if getattr(self, name) not in (None, neutral)
-        ]
-        if self.logit_bias:
-            changed.append("logit_bias")
-        if (self.response_format or {}).get("type", "text") != "text":
-            changed.append("response_format")
-        if changed:
-            raise ApiError(
-                400,
-                f"{changed[0]} is not supported by this server (it samples the "
-                "model's exact distribution, shaped only by temperature, top_p, top_k "
-                "and min_p): leave it out.",
-                param=changed[0],
-            )
-
 
 class ChatCompletionRequest(SamplingBody):
     messages: list[ChatMessage] = Field(min_length=1)
@@ -181,6 +156,7 @@ class ResponsesRequest(_Body):
     tool_choice: Any = None
     previous_response_id: str | None = None
     reasoning: dict | None = None
+    text: dict | None = None  # {"format": {"type": "json_schema", ...}}
 
 
 def stop_list(stop: str | list[str] | None, field: str) -> tuple[str, ...]:

@@ -18,6 +18,7 @@ class ServerState:
     raw_machine: object  # one with no markers (raw completions)
     context_length: int | None
     history: object = None  # serve/history.History: answers' ids, for resent text
+    grammars: object = None  # structured.Grammars, built by the first grammar asked
 
     def check_model(self, name: str | None):
         """404 unless `name` (when given) is the served model or one of its aliases."""
