@@ -163,5 +163,5 @@ def test_every_client_is_pointed_at_the_server(name, tmp_path):
 def test_context_check_names_the_number():
     needs_context(find_agent("claude"), None)  # unknown: not refused
     needs_context(find_agent("claude"), 20000)
-    with pytest.raises(ValueError, match="about 12000 tokens.*has 8192"):
-        needs_context(find_agent("codex"), 8192)
+    with pytest.raises(ValueError, match="about 8000 tokens.*has 4096"):
+        needs_context(find_agent("codex"), 4096)
