@@ -5,8 +5,9 @@ import typer
 from .options import DRAFT_HELP, MODEL_HELP
 
 CLIENT_HELP = (
-    "The agent to start: claude, codex, aider, llm, opencode, qwen, crush, continue, "
-    "mini (mini-swe-agent) or interpreter (Open Interpreter)."
+    "The agent to start: claude, codex, aider, llm, opencode, kilo, qwen, crush, "
+    "continue (Continue CLI), cline, mini (mini-swe-agent) or interpreter (Open "
+    "Interpreter)."
 )
 
 

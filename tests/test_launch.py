@@ -152,7 +152,8 @@ def test_every_client_is_pointed_at_the_server(name, tmp_path):
     endpoint = Endpoint("http://127.0.0.1:4321", "org/model-x", "sekret", 32768)
     setup = agent.configure(endpoint, tmp_path)
     written = " ".join(p.read_text() for p in tmp_path.rglob("*") if p.is_file())
-    seen = " ".join([*setup.env.values(), *setup.args, written])
+    before = [word for command in setup.before for word in command]
+    seen = " ".join([*setup.env.values(), *setup.args, *before, written])
     assert "http://127.0.0.1:4321" in seen  # the URL, the model and the key reach it
     assert "org/model-x" in seen and "sekret" in seen
     for value in setup.env.values():  # config files named in the env exist

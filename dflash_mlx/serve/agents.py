@@ -9,7 +9,7 @@ answer it.
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 
@@ -25,10 +25,12 @@ class Endpoint:
 
 @dataclass(frozen=True)
 class Setup:
-    """What a client needs: environment variables and leading arguments."""
+    """What a client needs: environment variables, leading arguments, and commands
+    of its own to run first (with the same environment)."""
 
     env: dict
     args: list
+    before: list = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -106,7 +108,7 @@ def _llm(e: Endpoint, folder: Path) -> Setup:
     return Setup({"LLM_USER_PATH": str(user)}, [])
 
 
-def _opencode(e: Endpoint, folder: Path) -> Setup:
+def _opencode(e: Endpoint, folder: Path, variable: str = "OPENCODE_CONFIG") -> Setup:
     model: dict = {"name": e.model, "tool_call": True}
     if e.context:
         model["limit"] = {"context": e.context, "output": min(e.context // 4, 32768)}
@@ -127,7 +129,11 @@ def _opencode(e: Endpoint, folder: Path) -> Setup:
     }
     path = folder / "opencode.json"
     path.write_text(json.dumps(config, indent=2))
-    return Setup({"OPENCODE_CONFIG": str(path)}, [])
+    return Setup({variable: str(path)}, [])
+
+
+def _kilo(e: Endpoint, folder: Path) -> Setup:
+    return _opencode(e, folder, "KILO_CONFIG")  # Kilo CLI is OpenCode's fork
 
 
 def _qwen(e: Endpoint, _: Path) -> Setup:
@@ -173,6 +179,13 @@ def _continue(e: Endpoint, folder: Path) -> Setup:
     return Setup({}, ["--config", str(path)])
 
 
+def _cline(e: Endpoint, folder: Path) -> Setup:
+    config = str(folder / "cline")  # its provider is set with `cline auth`
+    auth = ["cline", "auth", "-p", "openai-compatible", "-k", e.api_key]
+    auth += ["-m", e.model, "-b", e.url + "/v1", "--config", config]
+    return Setup({}, ["--config", config], [auth])
+
+
 def _mini(e: Endpoint, _: Path) -> Setup:
     env = {
         **_openai_env(e),
@@ -185,7 +198,8 @@ def _mini(e: Endpoint, _: Path) -> Setup:
 
 def _interpreter(e: Endpoint, _: Path) -> Setup:
     args = ["--api_base", e.url + "/v1", "--api_key", e.api_key]
-    args += ["--model", f"openai/{e.model}"]
+    args += ["--model", f"openai/{e.model}", "--llm_supports_functions"]
+    args += ["--no-llm_supports_vision", "--disable_telemetry"]
     if e.context:
         args += ["--context_window", str(e.context)]
     return Setup({}, args)
@@ -201,12 +215,15 @@ AGENTS = {
         Agent("llm", "llm", "llm", "pipx install llm", 1000, _llm),
         Agent("opencode", "OpenCode", "opencode", "npm install -g opencode-ai",
               12000, _opencode),
+        Agent("kilo", "Kilo Code CLI", "kilo", "npm install -g @kilocode/cli",
+              12000, _kilo),
         Agent("qwen", "Qwen Code", "qwen", "npm install -g @qwen-code/qwen-code",
               12000, _qwen),
         Agent("crush", "Crush", "crush", "npm install -g @charmland/crush",
               8000, _crush),
         Agent("continue", "Continue CLI", "cn", "npm install -g @continuedev/cli",
               4000, _continue),
+        Agent("cline", "Cline CLI", "cline", "npm install -g cline", 12000, _cline),
         Agent("mini", "mini-swe-agent", "mini", "pipx install mini-swe-agent",
               4000, _mini),
         Agent("interpreter", "Open Interpreter", "interpreter",

@@ -142,6 +142,14 @@ def run_client(agent: Agent, server: Server, args: list[str], api_key: str | Non
     with tempfile.TemporaryDirectory(prefix=f"dflash-{agent.name}-") as folder:
         setup = agent.configure(endpoint, Path(folder))
         env = {**os.environ, **setup.env}
+        for command in setup.before:
+            done = subprocess.run(command, env=env, stdin=subprocess.DEVNULL,
+                                  capture_output=True, text=True)  # fmt: skip
+            if done.returncode != 0:
+                raise ValueError(
+                    f"`{' '.join(command[:2])}` failed ({done.returncode}):\n"
+                    + (done.stderr or done.stdout).strip()[-2000:]
+                )
         client = subprocess.Popen([executable, *setup.args, *args], env=env)
         # Ctrl-C reaches the client from the terminal: it decides whether to exit
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
