@@ -166,3 +166,12 @@ def test_context_check_names_the_number():
     needs_context(find_agent("claude"), 20000)
     with pytest.raises(ValueError, match="about 8000 tokens.*has 4096"):
         needs_context(find_agent("codex"), 4096)
+
+
+def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path):
+    env = fake_clients(tmp_path / "bin", "claude")
+    done = launch(env, "claude", "--model", str(tmp_path / "no-such-model"))
+    assert done.returncode == 1
+    assert "The server did not start" in done.stderr
+    assert "no-such-model" in done.stderr  # the server's own error, from its log
+    assert not (tmp_path / "bin" / "record.json").exists()

@@ -100,15 +100,18 @@ def start_server(
         )
     server = Server(url, {}, process, log)
     deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
-        found = health(url, api_key, timeout=1.0)
-        if found is not None:
-            server.health = found
-            return server
-        if process.poll() is not None:
-            break
-        time.sleep(0.25)
-    stop_server(server)
+    try:
+        while time.monotonic() < deadline:
+            found = health(url, api_key, timeout=1.0)
+            if found is not None:
+                server.health = found
+                return server
+            if process.poll() is not None:
+                break
+            time.sleep(0.25)
+    finally:  # Ctrl-C while it loads: the server (in its own session) stops too
+        if not server.health:
+            stop_server(server)
     raise ValueError(
         f"The server did not start (log: {log}):\n" + _tail(log)
         if process.returncode not in (None, -signal.SIGTERM)
