@@ -240,3 +240,10 @@ def test_a_malformed_streamed_call_over_http_is_text_never_a_500(tmp_path, caplo
     assert not any(d["delta"].get("tool_calls") for d in deltas)
     assert deltas[-1]["finish_reason"] == "stop"
     assert "does not parse" in caplog.text
+
+
+def test_mlx_lm_parser_comes_first():
+    # a template mlx-lm has a parser for keeps it, whatever else it names
+    template = FAMILIES["qwen3"][0] + " <|channel|> <|message|> <|python_tag|>"
+    fmt = output_format(tokenizer_for(template, THINK))
+    assert fmt.name == "mlx-lm" and fmt.start == "<tool_call>"

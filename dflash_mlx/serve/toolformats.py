@@ -35,10 +35,11 @@ def output_format(tokenizer) -> OutputFormat:
 
     template = getattr(tokenizer, "chat_template", None)
     template = template if isinstance(template, str) else ""
-    if "<|channel|>" in template and "<|message|>" in template:
-        return harmony()
-    if getattr(tokenizer, "tool_parser", None) is None and "<|python_tag|>" in template:
-        return llama3_json()
+    if getattr(tokenizer, "tool_parser", None) is None:  # mlx-lm's first
+        if "<|channel|>" in template and "<|message|>" in template:
+            return harmony()
+        if "<|python_tag|>" in template:
+            return llama3_json()
     return OutputFormat(
         "mlx-lm",
         make_text_state_machine(tokenizer),
