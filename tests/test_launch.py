@@ -4,9 +4,11 @@ server started for the client stops when it exits, one reused keeps running."""
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -23,8 +25,12 @@ seen = " ".join([*sys.argv, *os.environ.values()])
 urls = sorted(set(re.findall(r"http://127\\.0\\.0\\.1:[0-9]+", seen)))
 health = [json.load(urllib.request.urlopen(u + "/health", timeout=10)) for u in urls]
 record = {{"argv": sys.argv[1:], "env": dict(os.environ), "health": health}}
-with open(os.environ["FAKE_RECORD"], "w") as f:
+with open(os.environ["FAKE_RECORD"] + ".part", "w") as f:
     json.dump(record, f)
+os.replace(os.environ["FAKE_RECORD"] + ".part", os.environ["FAKE_RECORD"])
+if os.environ.get("FAKE_WAIT"):
+    import time
+    time.sleep(120)
 sys.exit(int(os.environ.get("FAKE_EXIT", "0")))
 """
 
@@ -175,3 +181,28 @@ def test_a_server_that_cannot_start_is_reported_with_its_log(tmp_path):
     assert "The server did not start" in done.stderr
     assert "no-such-model" in done.stderr  # the server's own error, from its log
     assert not (tmp_path / "bin" / "record.json").exists()
+
+
+def test_ctrl_c_reaches_the_client_and_the_server_stops_with_it(long_pair, tmp_path):
+    t, d = long_pair
+    env = {**fake_clients(tmp_path / "bin", "claude"), "FAKE_WAIT": "1"}
+    command = [sys.executable, "-m", "dflash_mlx.cli.main", "launch", "claude",
+               "--model", t, "--draft", d]  # fmt: skip
+    # its own session stands for the terminal's foreground process group
+    proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # fmt: skip
+    record = tmp_path / "bin" / "record.json"
+    try:
+        deadline = time.monotonic() + 120
+        while not record.exists():
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.1)
+        url = json.loads(record.read_text())["env"]["ANTHROPIC_BASE_URL"]
+        os.killpg(proc.pid, signal.SIGINT)  # Ctrl-C: launch and the client get it
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert proc.returncode == 128 + signal.SIGINT  # the client's end, forwarded
+    assert "launch.py" not in err  # launch itself ignored the Ctrl-C: no traceback
+    assert closed(url)

@@ -157,7 +157,8 @@ def run_client(agent: Agent, server: Server, args: list[str], api_key: str | Non
         # Ctrl-C reaches the client from the terminal: it decides whether to exit
         previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
         try:
-            return client.wait()
+            code = client.wait()
+            return 128 - code if code < 0 else code  # killed by a signal: 128 + it
         finally:
             signal.signal(signal.SIGINT, previous)
             if client.poll() is None:  # this process was told to stop
