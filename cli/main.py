@@ -78,6 +78,10 @@ from .serve import serve  # noqa: E402
 
 app.command("serve")(serve)
 
+from .launch import launch  # noqa: E402
+
+app.command("launch", context_settings={"allow_extra_args": True})(launch)
+
 
 def main():
     """Console entry: on Linux, re-exec once with OpenBLAS preloaded (see

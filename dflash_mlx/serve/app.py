@@ -119,6 +119,7 @@ def _add_service_routes(app, state):
             "status": "ok",
             "model": cfg.model_id,
             "draft": cfg.draft_id,
+            "context_length": state.context_length,
             "active": s.active,
             "queue_depth": s.waiting,
             "max_concurrency": cfg.max_concurrency,

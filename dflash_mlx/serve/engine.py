@@ -21,8 +21,8 @@ from ..engine.lockstep import shared_seed
 from ..engine.lookup import LookupIndex
 from ..engine.loop import Block, generate_blocks
 from ..engine.prefill import first_token, prefill
-from ..engine.trace import StepTrace
 from ..engine.processors import Processors
+from ..engine.trace import StepTrace
 from ..models.cache import PromptCache
 from ..models.prefix import PrefixStore, take_snapshot
 from ..models.ragged import BatchCaches

@@ -350,10 +350,9 @@ def start(
             code="server_overloaded",
             headers={"Retry-After": str(RETRY_AFTER_S)},
         ) from None
-    machine = state.raw_machine if raw else state.machine
     text = TextStream(
         state.tokenizer,
-        machine,
+        state.raw_output if raw else state.output,
         stop=sampling.stop,
         tools=tools,
         initial_state=initial_state,

@@ -14,8 +14,8 @@ class ServerState:
     config: ServeConfig
     scheduler: object
     metrics: object
-    machine: object  # TextStateMachine with the tokenizer's reasoning/tool markers
-    raw_machine: object  # one with no markers (raw completions)
+    output: object  # toolformats.OutputFormat: the family's reasoning and tool calls
+    raw_output: object  # one with no markers (raw completions)
     context_length: int | None
     history: object = None  # serve/history.History: answers' ids, for resent text
     grammars: object = None  # structured.Grammars, built by the first grammar asked
@@ -38,7 +38,7 @@ def build_state(
     model, tokenizer, draft, config: ServeConfig, mirror=None
 ) -> ServerState:
     """Wrap the loaded pair and make the engine, its prefix cache and the metrics."""
-    from mlx_lm.generate import TextStateMachine, make_text_state_machine
+    from mlx_lm.generate import TextStateMachine
 
     from ..engine.loop import as_target
     from ..generate import wrap_tokenizer
@@ -46,6 +46,7 @@ def build_state(
     from .history import History
     from .metrics import Metrics
     from .scheduler import Scheduler
+    from .toolformats import OutputFormat, output_format
 
     if draft is not None:
         from ..loading import check_compatible
@@ -70,8 +71,8 @@ def build_state(
         config=config,
         scheduler=scheduler,
         metrics=Metrics(scheduler, max_block),
-        machine=make_text_state_machine(tokenizer),
-        raw_machine=TextStateMachine(),
+        output=output_format(tokenizer),
+        raw_output=OutputFormat("raw", TextStateMachine(), None),
         context_length=context_length(target.model),
         history=History(),
     )

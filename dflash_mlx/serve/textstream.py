@@ -3,7 +3,9 @@
 Each request detokenizes its own tokens, holds back text that could be the start of a
 stop string (so nothing past a stop is ever sent, even when it spans blocks) and cuts
 exactly at the first one, then lets mlx-lm's `TextStateMachine` split reasoning and
-tool-call text from the answer; tool calls are parsed by the tokenizer's mlx-lm parser.
+tool-call text from the answer; tool calls are parsed by the family's parser
+(toolformats.py: mlx-lm's where it has one). A call that does not parse is given back
+as text, with a log line.
 """
 
 import logging
@@ -11,6 +13,8 @@ import uuid
 from dataclasses import dataclass, field
 
 from mlx_lm.generate import TextStateMachine
+
+from .toolformats import OutputFormat
 
 log = logging.getLogger("dflash_mlx.serve")
 
@@ -82,17 +86,17 @@ class TextStream:
     def __init__(
         self,
         tokenizer,
-        machine: TextStateMachine,
+        output: OutputFormat,
         *,
         stop=(),
         tools=None,
         initial_state: str = "normal",
     ):
         self.detokenizer = tokenizer.detokenizer
-        self.tool_parser = getattr(tokenizer, "tool_parser", None)
+        self.output = output
         self.tools = tools
         self.stops = StopMatcher(stop)
-        self._state = machine.make_state(initial_state)
+        self._state = output.machine.make_state(initial_state)
         self._previous = initial_state
         self._tool_text = ""
         self.tokens: list[int] = []  # tokens the output consumed (EOS included)
@@ -156,19 +160,23 @@ class TextStream:
 
     def _emit_tool_call(self, delta: Delta):
         text, self._tool_text = self._tool_text, ""
-        if self.tool_parser is None:  # no tool state without a parser; for mypy
-            return
+        fmt = self.output
         try:
-            parsed = self.tool_parser(text, self.tools)
-        except Exception as e:  # the model wrote a malformed call: drop it, as mlx-lm
-            log.warning("could not parse a tool call (%s): %r", e, text[:200])
-            return
-        for call in parsed if isinstance(parsed, list) else [parsed]:
-            delta.tool_calls.append(
+            if fmt.parser is None or (fmt.needs_tools and not self.tools):
+                raise ValueError("no tools declared")
+            parsed = fmt.parser(text, self.tools)
+            calls = [
                 {
                     "id": call.get("id") or f"call_{uuid.uuid4().hex[:24]}",
-                    "name": call["name"],
+                    "name": str(call["name"]),
                     "arguments": call.get("arguments", {}),
                 }
-            )
-            self.made_tool_call = True
+                for call in (parsed if isinstance(parsed, list) else [parsed])
+            ]
+        except Exception as e:  # malformed: the model's text, as text
+            log.warning("a tool call that does not parse is sent as text (%s): %r",
+                        e, text[:200])  # fmt: skip
+            delta.content += fmt.start + text + fmt.end
+            return
+        delta.tool_calls += calls
+        self.made_tool_call = self.made_tool_call or bool(calls)
