@@ -86,14 +86,7 @@ def generate(
         )
         user = [{"role": "user", "content": prompt}]  # as `stream` encodes it:
         prompt_ids = session.render(user) if check else []  # for plain decoding
-        text, stats, tokens = "", None, []
-        for chunk in session.stream(prompt):
-            text += chunk.text
-            stats = chunk.stats
-            tokens += chunk.response.tokens
-            if not as_json:
-                sys.stdout.write(chunk.text)
-                sys.stdout.flush()
+        text, stats, tokens = _stream(session, prompt, not as_json)
         exact = _check(session, prompt_ids, tokens, spec) if check else None
     if as_json:
         sampling = {"temperature": temp, "top_p": top_p, "top_k": top_k, "seed": seed}
@@ -104,6 +97,20 @@ def generate(
         ui.generate_stats(err, stats, note)
     if exact is not None:
         _report(err, exact)
+
+
+def _stream(session, prompt: str, echo: bool) -> tuple[str, object, list[int]]:
+    """Decode the answer (written to stdout as it comes with `echo`): its text, the
+    last statistics and the tokens."""
+    text, stats, tokens = "", None, []
+    for chunk in session.stream(prompt):
+        text += chunk.text
+        stats = chunk.stats
+        tokens += chunk.response.tokens
+        if echo:
+            sys.stdout.write(chunk.text)
+            sys.stdout.flush()
+    return text, stats, tokens
 
 
 def _print_json(record: dict, tokens: list[int], distributed, exact):

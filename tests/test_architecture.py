@@ -29,6 +29,7 @@ LAYERS = (
         "dflash_mlx.conversation",
         "dflash_mlx.datasets",
         "dflash_mlx.install",
+        "dflash_mlx.structured",
     ),
     ("dflash_mlx.cpu",),
     ("dflash_mlx.backend",),

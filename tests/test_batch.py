@@ -38,7 +38,7 @@ def _pair(tiny_pair, family, kernels=None):
 
 def _start(batch, target, draft, ids, request):
     """Prefill `ids` alone and join the batch: (member or None, first token)."""
-    cache = make_prompt_cache(target, draft)
+    cache = make_prompt_cache(target, draft, windows=False)  # as the server's
     logits = prefill(target, draft, cache, ids, 2048)
     seeded = None
     if request.seed is not None and not request.params.greedy:
@@ -69,7 +69,7 @@ def _run(batch, target, draft, prompts, requests, joins, references=None):
         for member, block in batch.step():
             out[members[member]] += block.tokens
             if block.finished or member.room <= 0:
-                batch.leave(member, make_prompt_cache(target, draft))
+                batch.leave(member, make_prompt_cache(target, draft, windows=False))
         step += 1
     return [out[i] for i in range(len(prompts))]
 
@@ -222,7 +222,7 @@ def test_a_sequence_that_leaves_continues_alone_as_it_would_have(tiny_pair):
     tokens = [first]
     for _ in range(3):
         tokens += next(blk.tokens for m, blk in batch.step() if m is a)
-    cache = batch.leave(a, make_prompt_cache(target, draft))
+    cache = batch.leave(a, make_prompt_cache(target, draft, windows=False))
     assert len(batch) == 1 and cache.tokens == prompts[0] + tokens[:-1]
     rest = stream_generate(
         target, draft, tok, cache.tokens + tokens[-1:], prompt_cache=cache,

@@ -114,3 +114,13 @@ def test_the_server_keeps_whole_histories(gemma):
     model, _, draft = gemma
     cache = make_prompt_cache(model, draft, windows=False)
     assert not any(isinstance(c, SlidingKVCache) for c in cache.target)
+
+
+def test_a_batch_refuses_bounded_caches_and_says_how_to_make_whole_ones(gemma):
+    from dflash_mlx.engine.batch import Batch, Request
+    from dflash_mlx.generate import as_target
+
+    model, _, draft = gemma
+    batch = Batch(as_target(model, draft), draft, 2)
+    with pytest.raises(ValueError, match="windows=False"):
+        batch.join(Request(), make_prompt_cache(model, draft), 1)

@@ -5,8 +5,7 @@ tokens; B = 1 is plain decoding, no drafter) and commits E(B) tokens on average,
 E(B) = 1 + sum_{j<B} prod_{k<=j} alpha_k and alpha_k is the rate at which the k-th draft
 is accepted given the ones before it were. The policy measures both as it goes and picks
 the B with the most tokens per second, so a slow machine or a weak drafter falls back to
-plain decoding instead of running slower than it. Any B is lossless; only speed depends
-on it.
+plain decoding instead of running slower than it. Any B is lossless.
 
 Within a block it also decides how many drafts to verify (`cut`): draft k is verified
 when its expected tokens (the product of the drafter's confidences up to k) pay for its
@@ -17,9 +16,9 @@ confidence, so a cut that hides weak drafts cannot keep a losing size alive.
 
 Acceptance changes with the text (a code answer after a math one, a new chat topic), so
 the counts behind alpha_k are weighted by age: a block `memory` blocks old counts e^-1
-as much as the latest one. Explorations back off to at most every `MAX_EXPLORE_GAP`
-blocks, so a policy that stopped drafting on hard text finds out when drafting pays
-again.
+as much as the latest one. Losing explorations back off (to every `MAX_EXPLORE_GAP`
+blocks, more when they lost by far), so a policy that stopped drafting on hard text
+finds out when drafting pays again.
 
 A fresh policy need not explore from scratch: the drafter's shipped per-position
 acceptance (`draft.acceptance_prior`, see models/acceptance.py) enters as pseudo-counts
@@ -30,9 +29,8 @@ measures: they may come from a busier moment). Without either, each acceptance s
 at one optimistic pseudo-observation and each size is tried once.
 
 With prompt lookup (lookup.py), `plan` also weighs copying from the history, alone or
-spliced in front of the drafter's drafts, against the block `next` chose (sources.py);
-`observe(source=...)` counts each source's acceptance apart. docs/policy.md has the
-whole picture.
+spliced before the drafts, against `next`'s block (sources.py); `observe(source=...)`
+counts each source apart. docs/policy.md has the whole picture.
 """
 
 import copy
@@ -47,6 +45,7 @@ from .sources import (
     FixedBlockSize,
     LookupStats,
     choose,
+    interpolated,
 )
 from .sources import verify_estimate as _verify_estimate
 
@@ -60,15 +59,14 @@ EXPLORE_BLOCKS = 2  # an exploration runs this many blocks: one block says littl
 # drafting; in the reverse, it never drafted again (tests/test_policy_start.py).
 MEMORY_BLOCKS = 128.0
 MAX_EXPLORE_GAP = 128  # blocks; the gap doubles after each losing exploration
-# ... and may grow to this many blocks per unit of the loss (time lost per block
-# over the best size's): explorations cost at most ~1% then
+# ... or this many per unit of its loss (time lost per block against the best size's,
+# as a batch's wide verify on a CPU): explorations then cost about 1%
 LOSS_GAP = 2 * EXPLORE_BLOCKS * 100
 MAX_LOOKUP = 15  # copied ids per block: 16 verified tokens, one native product
 # A cut saves at most v's growth over the block: where that is under this share of
 # the block's time (v flat, as on a GPU), it cannot pay for its sync and is skipped.
 FLAT_VERIFY = 0.1
-# What a block's time depends on: how many sequences verify together (a batch's
-# width, engine/batch.py), which its acceptance does not. Kept per width.
+# Timings depend on the rows verified together (a batch's width), acceptance not.
 _TIMINGS = "seconds verify_seconds _timed_here costs _tokens _block_seconds".split()
 
 
@@ -191,8 +189,7 @@ class AdaptiveBlockSize:
         return best
 
     @property
-    def exploring(self) -> int | None:
-        """The size being re-timed now, if any (not the best one as it stands)."""
+    def exploring(self) -> int | None:  # the size being re-timed now, if any
         return self._explored
 
     def at_width(self, width: int):
@@ -216,12 +213,9 @@ class AdaptiveBlockSize:
         return choose(self, limit, copied, match, drafter)
 
     def _after_exploring(self, size: int):
-        sizes = [s for s in self.sizes if s in self.seconds]
-        best = max(sizes, key=lambda s: self.rate(s) or 0.0)
-        # an exploration that lost by far is spaced out further: its blocks cost
-        # about `loss` best blocks more each (a batch's wide verify on a CPU, say)
-        rate = self.rate(size) or 0.0
-        loss = (self.rate(best) or 0.0) / rate - 1.0 if rate > 0 else 0.0
+        rates = {s: self.rate(s) or 0.0 for s in self.sizes if s in self.seconds}
+        best = max(rates, key=lambda s: rates[s])
+        loss = rates[best] / rates[size] - 1.0 if rates.get(size) else 0.0
         longest = max(MAX_EXPLORE_GAP, self.explore_every, LOSS_GAP * loss)
         self._gap = self.explore_every if size == best else min(self._gap * 2, longest)
         self._explored = None
@@ -368,13 +362,7 @@ class AdaptiveBlockSize:
 
     def verify_cost(self, tokens: int) -> float | None:
         """v(T) interpolated between measured sizes (flat beyond); None if unknown."""
-        known = sorted(self.verify_seconds.items())
-        if len(known) < 2:
-            return None
-        lower = [(t, v) for t, v in known if t <= tokens] or known[:1]
-        upper = [(t, v) for t, v in known if t >= tokens] or known[-1:]
-        (t0, v0), (t1, v1) = lower[-1], upper[0]
-        return v0 if t1 == t0 else v0 + (v1 - v0) * (tokens - t0) / (t1 - t0)
+        return interpolated(self.verify_seconds, tokens)
 
     def cut_may_drop(self, size: int) -> bool:
         """Whether `cut` is worth its sync at `size`: only where v(T) is measured and

@@ -179,6 +179,17 @@ class Costs:
         return None if t is None or v is None else max(t - v, 0.0)
 
 
+def interpolated(known: dict[int, float], tokens: int) -> float | None:
+    """v(T) interpolated between the timed sizes (flat beyond); None below two."""
+    points = sorted(known.items())
+    if len(points) < 2:
+        return None
+    lower = [(t, v) for t, v in points if t <= tokens] or points[:1]
+    upper = [(t, v) for t, v in points if t >= tokens] or points[-1:]
+    (t0, v0), (t1, v1) = lower[-1], upper[0]
+    return v0 if t1 == t0 else v0 + (v1 - v0) * (tokens - t0) / (t1 - t0)
+
+
 def verify_estimate(known: dict[int, float], tokens: int) -> float | None:
     """v(T) from the timed verify sizes (`VerifyCurve`); None when none is timed."""
     return VerifyCurve(known)(tokens)

@@ -17,6 +17,8 @@ from functools import lru_cache
 import mlx.core as mx
 from mlx_lm.models.cache import ArraysCache, KVCache
 
+from .sliding_cache import SlidingKVCache
+
 STEP = 256  # columns added when a row outgrows the storage
 
 
@@ -178,6 +180,15 @@ class RaggedKVCache:
         self.bases = [self.bases[r] for r in rows]
 
 
+def _whole(cache):
+    """A batch row holds every position of a sequence: no bounded window caches."""
+    if any(isinstance(c, SlidingKVCache) for c in cache.target):
+        raise ValueError(
+            "A batch's rows keep whole histories: make the sequence's caches with "
+            "make_prompt_cache(..., windows=False)."
+        )
+
+
 def _kept(cache) -> tuple:
     """(keys, values) a single sequence's cache holds, (None, None) when empty."""
     if hasattr(cache, "kept"):  # a drafter's windowed cache
@@ -244,6 +255,7 @@ class BatchCaches:
 
     def put(self, row: int, cache) -> None:
         """Make `row` hold a PromptCache's caches (the sequence it serves joins)."""
+        _whole(cache)
         pairs = list(zip(self.target, cache.target, strict=True))
         pairs += list(zip(self.draft or [], cache.draft or [], strict=True))
         for mine, solo in pairs:
@@ -255,6 +267,7 @@ class BatchCaches:
     def take(self, row: int, into) -> None:
         """Give a fresh PromptCache `into` the caches of `row` (the sequence leaves);
         its KV layers share the batch's storage."""
+        _whole(into)
         pairs = list(zip(self.target, into.target, strict=True))
         pairs += list(zip(self.draft or [], into.draft or [], strict=True))
         for mine, solo in pairs:

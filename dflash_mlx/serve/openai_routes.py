@@ -119,13 +119,7 @@ async def chat_completions(request: Request):
     state = request.app.state.server
     req = await read_request(request, ChatCompletionRequest)
     model = state.config.served_model(req.model)
-    template_kwargs = dict(req.chat_template_kwargs or {})
-    if req.reasoning_effort is not None:
-        template_kwargs.setdefault(
-            "enable_thinking", req.reasoning_effort not in ("none", "minimal")
-        )
-    if req.enable_thinking is not None:
-        template_kwargs["enable_thinking"] = req.enable_thinking
+    template_kwargs = _template_kwargs(req)
     tools = tool_specs(req.tools)
     grammar = constraints.response_format(req.response_format)
     forced = constraints.forced_tool(req.tool_choice, "openai")
@@ -157,6 +151,24 @@ async def chat_completions(request: Request):
     if req.stream:
         return event_stream(_chat_chunks(gen, head, req, state.tokenizer))
     delta = await gen.collect(request.is_disconnected)
+    return _chat_completion(gen, head, delta, req, state.tokenizer)
+
+
+def _template_kwargs(req) -> dict:
+    """The chat template's options: chat_template_kwargs, then reasoning_effort and
+    enable_thinking at the top level."""
+    kwargs = dict(req.chat_template_kwargs or {})
+    if req.reasoning_effort is not None:
+        kwargs.setdefault(
+            "enable_thinking", req.reasoning_effort not in ("none", "minimal")
+        )
+    if req.enable_thinking is not None:
+        kwargs["enable_thinking"] = req.enable_thinking
+    return kwargs
+
+
+def _chat_completion(gen: Generation, head: dict, delta, req, tokenizer) -> dict:
+    """The whole (non-streamed) chat completion."""
     message: dict[str, Any] = {
         "role": "assistant",
         "content": delta.content if delta.content or not delta.tool_calls else None,
@@ -165,9 +177,8 @@ async def chat_completions(request: Request):
         message["reasoning_content"] = delta.reasoning
     if delta.tool_calls:
         message["tool_calls"] = tool_calls(delta.tool_calls)
-    logprobs = (
-        chat_logprobs(state.tokenizer, delta.logprobs, top) if req.logprobs else None
-    )
+    top = req.top_logprobs or 0
+    logprobs = chat_logprobs(tokenizer, delta.logprobs, top) if req.logprobs else None
     choice = {
         "index": 0,
         "message": message,

@@ -280,6 +280,28 @@ def _response(gen: Generation | None, head: dict, items: list[dict]) -> dict:
     }
 
 
+def _head(req, model: str) -> dict:
+    """The response object's fields that do not depend on the answer."""
+    return {
+        "id": _new_id("resp"),
+        "object": "response",
+        "created_at": int(time.time()),
+        "model": model,
+        "error": None,
+        "incomplete_details": None,
+        "instructions": req.instructions,
+        "max_output_tokens": req.max_output_tokens,
+        "metadata": {},
+        "parallel_tool_calls": True,
+        "previous_response_id": None,
+        "store": False,
+        "temperature": req.temperature,
+        "top_p": req.top_p,
+        "tool_choice": req.tool_choice or "auto",
+        "tools": req.tools or [],
+    }
+
+
 @router.post("/v1/responses")
 async def responses(request: Request):
     state = request.app.state.server
@@ -315,24 +337,7 @@ async def responses(request: Request):
         initial_state=initial,
         prompt=prompt,
     )
-    head = {
-        "id": _new_id("resp"),
-        "object": "response",
-        "created_at": int(time.time()),
-        "model": model,
-        "error": None,
-        "incomplete_details": None,
-        "instructions": req.instructions,
-        "max_output_tokens": req.max_output_tokens,
-        "metadata": {},
-        "parallel_tool_calls": True,
-        "previous_response_id": None,
-        "store": False,
-        "temperature": req.temperature,
-        "top_p": req.top_p,
-        "tool_choice": req.tool_choice or "auto",
-        "tools": req.tools or [],
-    }
+    head = _head(req, model)
     gen.request_id = head["id"]
     if req.stream:
         return event_stream(_events(gen, head, namespaces))
