@@ -203,7 +203,8 @@ class Batch:
 
     def _traced(self, trace: StepTrace, members, blocks, size, copies, seconds):
         policy = self.policy
-        rates = {s: policy.rate(s) for s in getattr(policy, "sizes", ())}
+        rate = getattr(policy, "rate", None)  # a fixed size has none
+        rates = {s: rate(s) for s in getattr(policy, "sizes", ())} if rate else {}
         trace.write(
             "step",
             width=len(self.members),

@@ -216,7 +216,7 @@ class AdaptiveBlockSize:
         rates = {s: self.rate(s) or 0.0 for s in self.sizes if s in self.seconds}
         best = max(rates, key=lambda s: rates[s])
         loss = rates[best] / rates[size] - 1.0 if rates.get(size) else 0.0
-        longest = max(MAX_EXPLORE_GAP, self.explore_every, LOSS_GAP * loss)
+        longest = max(MAX_EXPLORE_GAP, self.explore_every, int(LOSS_GAP * loss))
         self._gap = self.explore_every if size == best else min(self._gap * 2, longest)
         self._explored = None
 
