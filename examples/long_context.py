@@ -88,7 +88,8 @@ def block_costs(model, draft, ids: list[int]) -> dict:
 
     B = draft.args.block_size if draft else 8
     target = Target(model, draft.args.target_layer_ids if draft else ())
-    cache, dcache = target.make_cache(), draft.make_cache() if draft else []
+    cache = target.make_cache(windows=True)  # as generate and chat make it
+    dcache = draft.make_cache() if draft else []
     for i in range(0, len(ids), 2048):  # prefill as the engine does: chunked
         _, features = target(mx.array([ids[i : i + 2048]]), cache)
         if draft:

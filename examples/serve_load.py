@@ -2,6 +2,8 @@
 
     python examples/serve_load.py                       # default pair, 1/4/8/16 clients
     python examples/serve_load.py --model M --draft D --clients 1,4,8 --requests 4
+    python examples/serve_load.py --servers dflash,dflash-plain --kernels mlx \
+        --clients 1,2,4,8 --trace /tmp/traces     # drafter against --no-draft
 
 Each server is started in turn on the same target (a GGUF target is exported once to an
 MLX folder for `mlx_lm.server`, which cannot read GGUF), warmed up with one whole
@@ -13,6 +15,12 @@ different work). Per server and N: requests/s,
 TTFT p50/p95, per-client decode tok/s, aggregate tok/s and errors; then whether every
 greedy answer of dflash equals mlx-lm's. A table, then one JSON line. Only `httpx` is
 needed on the client side.
+
+`dflash-plain` is the same server with `--no-draft` (its own plain batching: the
+drafter's worth at each N); `--kernels mlx` runs both on MLX's generic kernels (a Mac's
+path); `--trace DIR` has each dflash server write its step trace there (`serve
+--trace`); `--ui-open` keeps the dashboard's event stream open through each run (what
+the page costs).
 """
 
 import argparse
@@ -46,6 +54,11 @@ def parse_args():
     p.add_argument("--port", type=int, default=8181)
     p.add_argument("--block-size", default="auto")
     p.add_argument("--json", help="write every request's record to this file")
+    p.add_argument("--kernels", choices=["device", "mlx"], default="device")
+    p.add_argument("--trace", help="a folder for the dflash servers' step traces")
+    p.add_argument(
+        "--ui-open", action="store_true", help="the dashboard's stream open meanwhile"
+    )
     return p.parse_args()
 
 
@@ -94,10 +107,15 @@ def servers_blas() -> str:
 
 
 def start(kind: str, args, target: str, draft: str | None, port: int, width: int):
-    if kind == "dflash":
-        cmd = [sys.executable, "-m", "dflash_mlx.cli.main", "serve", "--model", target]
-        cmd += ["--draft", draft] if draft else ["--no-draft"]
+    if kind.startswith("dflash"):
+        cmd = [sys.executable, "-m", "dflash_mlx.cli.main", "--kernels", args.kernels]
+        cmd += ["serve", "--model", target]
+        plain = kind == "dflash-plain" or not draft
+        cmd += ["--no-draft"] if plain else ["--draft", draft]
         cmd += ["--port", str(port), "--block-size", args.block_size]
+        if args.trace:
+            Path(args.trace).mkdir(parents=True, exist_ok=True)
+            cmd += ["--trace", str(Path(args.trace) / f"{kind}-{args.kernels}.jsonl")]
         cmd += ["--max-concurrency", str(width), "--max-queue", "256"]
         cmd += ["--max-tokens", str(max(args.max_tokens, 1))]
     else:
@@ -122,7 +140,7 @@ def start(kind: str, args, target: str, draft: str | None, port: int, width: int
 
 
 def model_name(kind: str, url: str) -> str:
-    if kind != "dflash":
+    if not kind.startswith("dflash"):
         return "default_model"  # mlx_lm.server: the model it was started with
     return httpx.get(url + "/v1/models").json()["data"][0]["id"]
 
@@ -196,6 +214,54 @@ def run_clients(url, model, prompts, clients, max_tokens):
     return records, time.perf_counter() - tic
 
 
+class Dashboard:
+    """The dashboard's event stream (`/ui/api/events`), read in a thread meanwhile, as
+    an open page reads it."""
+
+    def __init__(self, url: str):
+        self.http = httpx.Client(timeout=None)
+        self.events, self.stop = 0, False
+        self.thread = threading.Thread(target=self._read, args=(url,), daemon=True)
+        self.thread.start()
+
+    def _read(self, url: str):
+        try:
+            with self.http.stream("GET", url + "/ui/api/events") as r:
+                for line in r.iter_lines():
+                    if self.stop:
+                        return
+                    self.events += line.startswith("data:")
+        except httpx.HTTPError:
+            pass
+
+    def close(self):
+        self.stop = True
+        self.http.close()
+
+
+def trace_summary(path: Path) -> dict:
+    """Per rows verified together and block size: steps, mean step, verify, draft
+    and upkeep ms (from `serve --trace`); and the prefill's total."""
+    steps: dict = {}
+    prefill_ms = 0.0
+    for line in path.read_text().splitlines():
+        r = json.loads(line)
+        if r["kind"] == "prefill":
+            prefill_ms += r["prefill_ms"]
+            continue
+        s = steps.setdefault((r["rows"], r["size"]), [])
+        s.append(r)
+    out = {}
+    for (rows, size), rs in sorted(steps.items()):
+        means = {
+            k: round(statistics.fmean(r.get(f"{k}_ms", 0.0) for r in rs), 2)
+            for k in ("step", "verify", "draft", "upkeep")
+        }
+        tokens = statistics.fmean(r["tokens"] for r in rs)
+        out[f"{rows}x{size}"] = {"steps": len(rs), "tokens_per_step": tokens, **means}
+    return {"steps": out, "prefill_ms": round(prefill_ms, 1)}
+
+
 def percentile(values, q):
     values = sorted(values)
     return values[min(len(values) - 1, int(round(q * (len(values) - 1))))]
@@ -219,7 +285,7 @@ def summarize(kind, clients, records, wall):
 
 
 def print_table(rows):
-    head = f"{'server':8} {'N':>3} {'req':>4} {'err':>3} {'req/s':>6} {'TTFT p50':>9} "
+    head = f"{'server':12} {'N':>3} {'req':>4} {'err':>3} {'req/s':>6} {'TTFT p50':>9} "
     head += f"{'TTFT p95':>9} {'tok/s/client':>12} {'tok/s total':>11}"
     print(head)
     for r in rows:
@@ -227,7 +293,7 @@ def print_table(rows):
         per_client = "-" if per_client is None else f"{per_client:.1f}"
         ttft = f"{r['ttft_p50_s']:>8.2f}s {r['ttft_p95_s']:>8.2f}s"
         print(
-            f"{r['server']:8} {r['clients']:>3} {r['requests']:>4} {r['errors']:>3} "
+            f"{r['server']:12} {r['clients']:>3} {r['requests']:>4} {r['errors']:>3} "
             f"{r['requests_per_s']:>6.2f} {ttft} {per_client:>12} "
             f"{r['aggregate_tps']:>11.1f}"
         )
@@ -254,7 +320,10 @@ def main():
                 # than the same 1 client measured after 8)
                 stream_one(http, url, model, spare, args.max_tokens)
             for n in counts:
+                watcher = Dashboard(url) if args.ui_open else None
                 records, wall = run_clients(url, model, prompts, n, args.max_tokens)
+                if watcher is not None:
+                    watcher.close()
                 rows.append(summarize(kind, n, records, wall))
                 everything += [{**r, "server": kind, "clients": n} for r in records]
                 for r in records:
@@ -264,18 +333,33 @@ def main():
         finally:
             proc.terminate()
             proc.wait(60)
-    print(f"target {target}  drafter {draft}  BLAS {servers_blas()}")
+    blas = servers_blas()
+    print(f"target {target}  drafter {draft}  BLAS {blas}  kernels {args.kernels}")
     print_table(rows)
-    identical = None
-    if {"dflash", "mlx-lm"} <= set(texts):
-        shared = set(texts["dflash"]) & set(texts["mlx-lm"])
-        identical = all(texts["dflash"][k] == texts["mlx-lm"][k] for k in shared)
-        print(
-            f"greedy outputs identical to mlx-lm's: {identical} ({len(shared)} prompts)"
-        )
+    identical = {}  # each server's answers against the first server's
+    first, *others = list(texts)
+    for kind in others:
+        shared = set(texts[first]) & set(texts[kind])
+        same = all(texts[first][k] == texts[kind][k] for k in shared)
+        identical[kind] = same
+        print(f"greedy answers of {kind} identical to {first}'s: {same} "
+              f"({len(shared)} prompts)")  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(everything, indent=1) + "\n")
-    print(json.dumps({"rows": rows, "identical": identical, "blas": servers_blas()}))
+    record = {"rows": rows, "identical": identical, "blas": blas}
+    if args.trace:
+        record["traces"] = {}
+        for path in sorted(Path(args.trace).glob(f"*-{args.kernels}.jsonl")):
+            summary = trace_summary(path)
+            record["traces"][path.stem] = summary
+            print(f"\n{path.stem} (prefill {summary['prefill_ms']} ms): rows x size:")
+            print("   steps  tokens/step  ms: step  verify  draft  upkeep")
+            for key, v in summary["steps"].items():
+                ms = " ".join(
+                    f"{v[k]:>7}" for k in ("step", "verify", "draft", "upkeep")
+                )
+                print(f"  {key:>6} {v['steps']:>5} {v['tokens_per_step']:>9.2f} {ms}")
+    print(json.dumps(record | {"kernels": args.kernels}))
 
 
 if __name__ == "__main__":
