@@ -61,6 +61,10 @@ def launch(env, *args, timeout=300) -> subprocess.CompletedProcess:
                           timeout=timeout)  # fmt: skip
 
 
+def default_sigint():
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def closed(url: str) -> bool:
     host, port = url.removeprefix("http://").rsplit(":", 1)
     try:
@@ -188,9 +192,12 @@ def test_ctrl_c_reaches_the_client_and_the_server_stops_with_it(long_pair, tmp_p
     env = {**fake_clients(tmp_path / "bin", "claude"), "FAKE_WAIT": "1"}
     command = [sys.executable, "-m", "dflash_mlx.cli.main", "launch", "claude",
                "--model", t, "--draft", d]  # fmt: skip
-    # its own session stands for the terminal's foreground process group
+    # its own session stands for the terminal's foreground process group; Ctrl-C's
+    # default action, as a terminal has it (a shell's background job ignores SIGINT,
+    # and the ignoring is inherited: CI run with `&` would never see the Ctrl-C)
     proc = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)  # fmt: skip
+                            start_new_session=True,
+                            preexec_fn=default_sigint)  # fmt: skip
     record = tmp_path / "bin" / "record.json"
     try:
         deadline = time.monotonic() + 120
