@@ -10,6 +10,7 @@ matcher over new tokens and rolls it back past drafts that were not kept.
 """
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
@@ -80,7 +81,7 @@ class Grammars:
         matcher = llg.LLMatcher(self.tokenizer, self.grammar(spec))
         if matcher.is_error():
             raise ValueError(f"The {spec.name} is not valid: {matcher.get_error()}")
-        return GrammarProcessor(matcher, self.eos, self.vocab_size)
+        return GrammarProcessor(matcher, self.eos, self.vocab_size, self.tokenizer)
 
 
 @dataclass(frozen=True)
@@ -119,8 +120,9 @@ class GrammarProcessor:
     the grammar allows no token (a dead end) only the stop tokens are left and
     `dead_end` is set: the answer ends there, never runs on."""
 
-    def __init__(self, matcher, eos: tuple[int, ...], vocab_size: int):
+    def __init__(self, matcher, eos: tuple[int, ...], vocab_size: int, tokenizer=None):
         self.matcher, self.eos, self.vocab_size = matcher, eos, vocab_size
+        self.tokenizer = tokenizer  # llguidance's, for `propose`'s guesses
         self.start: int | None = None  # the prompt's length
         self.consumed: list[int] = []  # the answer's tokens the matcher is past
         self.dead_end = False
@@ -143,6 +145,42 @@ class GrammarProcessor:
         if width != self.vocab_size:  # the matcher covers what the tokenizer has
             allowed = mx.pad(allowed[:width], (0, max(0, width - allowed.shape[0])))
         return mx.where(allowed, logits, mx.array(-mx.inf, logits.dtype))
+
+    def propose(
+        self, ids: Sequence[int], last: int, drafts: list[int]
+    ) -> tuple[list[int], list[bool]]:
+        """The drafts to verify after `ids` and `last`, and for each one the grammar
+        allows whether the grammar chose it. Where it leaves one way on (a key, the
+        punctuation around it) that way's tokens replace the drafts: the target, masked,
+        can only accept them; where it forces bytes but not their tokens, the canonical
+        tokenization is the guess. From the first draft it forbids on, the drafts are
+        left as they are (they would be rejected). Each choice reads only the tokens
+        before it, so a proposal stays a function of its prefix."""
+        if self.start is None or not self._follow([*ids[self.start :], last]):
+            return drafts, []
+        matcher, out, chosen = self.matcher, [], []
+        for draft in drafts:
+            if matcher.is_stopped() or matcher.is_error():
+                break
+            forced = self._forced()
+            token = draft if forced is None else forced
+            if not matcher.validate_tokens([token]) or not matcher.consume_token(token):
+                break
+            out.append(token)
+            chosen.append(forced is not None)
+        if out:
+            matcher.rollback(len(out))
+        return out + drafts[len(out) :], chosen
+
+    def _forced(self) -> int | None:
+        """The token the grammar forces next, or the canonical first token of the bytes
+        it forces; None where it forces nothing."""
+        forced = self.matcher.compute_ff_tokens()
+        if forced:
+            return forced[0]
+        data = self.matcher.compute_ff_bytes() if self.tokenizer is not None else b""
+        guess = self.tokenizer.tokenize_bytes(data) if data else []
+        return guess[0] if guess else None
 
     def _follow(self, answer: list) -> bool:
         """Move the matcher to `answer`; False where it holds a forbidden token."""

@@ -247,3 +247,96 @@ def test_a_dead_end_stops_the_answer_with_its_finish_reason(tiny_pair):
         )  # fmt: skip
         assert [t for r in responses for t in r.tokens] == [eos[0]]
         assert responses[-1].finish_reason == DEAD_END and processor.dead_end
+
+
+def test_the_grammar_proposes_what_it_forces_and_leaves_its_matcher_as_it_was(
+    tiny_pair,
+):
+    """After [abc], "xyz" is forced: those drafts become x, y, z whatever the drafter
+    said; a free draft the grammar allows stays, the first it forbids ends the chosen
+    ones; the matcher is back where it was (the next mask is a fresh processor's)."""
+    t, _ = tiny_pair("qwen3")
+    model, tok = load(str(t))
+    grammars = Grammars(tok, as_target(model, None).vocab_size)
+    spec = GrammarSpec("regex", "[abc]xyz[abc]")
+    a, b, x, y, z, q = (tok.encode(c)[0] for c in "abxyzq")
+    prompt = tok.encode("The quick brown fox")
+    logits = mx.zeros((1, grammars.vocab_size))
+    processor = grammars.processor(spec)
+    processor(mx.array(prompt), logits)  # the prefill's call: the prompt's length
+    after, chosen = processor.propose(prompt, a, [q, q, q, b, q, q])
+    assert after == [x, y, z, b, q, q]
+    assert chosen == [True, True, True, False]  # then q, past the end: forbidden
+    fresh = grammars.processor(spec)
+    fresh(mx.array(prompt), logits)
+    history = mx.array([*prompt, a, x])
+    assert mx.array_equal(processor(history, logits), fresh(history, logits))
+
+
+def test_forced_tokens_are_accepted_in_blocks_with_a_drafter_that_knows_none(
+    tiny_pair,
+):
+    """A long forced key: the random drafter proposes none of it, the grammar does,
+    so blocks commit several tokens; the output is still plain constrained decoding's,
+    alone and with prompt lookup."""
+    t, d = tiny_pair("qwen3")
+    model, tok = load(str(t))
+    draft = load_draft(str(d), target=model)
+    grammars = Grammars(tok, as_target(model, None).vocab_size)
+    schema = {
+        "type": "object",
+        "properties": {"the_answer_to_the_question": {"type": "integer"}},
+        "required": ["the_answer_to_the_question"],
+        "additionalProperties": False,
+    }
+    spec = GrammarSpec.json_schema(schema)
+    ids = tok.encode("hello world")
+    expected = constrained_plain(model, tok, ids, 40, grammars, spec)
+    for lookup in (False, True):
+        responses = list(
+            stream_generate(
+                model, draft, tok, ids, block_size=8, max_tokens=40, lookup=lookup,
+                logits_processors=[grammars.processor(spec)],
+            )
+        )  # fmt: skip
+        assert [t for r in responses for t in r.tokens] == expected
+        assert sum(r.from_draft for r in responses) >= 20  # the key's 29 bytes
+
+
+def test_sampled_blocks_with_forced_tokens_keep_the_constrained_distribution(
+    tiny_pair,
+):
+    """[abc]xyz[abc] sampled in two blocks: the drafter's sampled drafts at x, y, z are
+    replaced (q one-hot there) and the last letter is its own sampled draft; the two
+    letters follow the masked target distribution (chi-square)."""
+    t, d = tiny_pair("qwen3_5")
+    model, tok = load(str(t))
+    draft = load_draft(str(d))
+    grammars = Grammars(tok, as_target(model, None).vocab_size)
+    prompt = tok.encode("The quick brown fox")
+    spec = GrammarSpec("regex", "[abc]xyz[abc]")
+    letters = [tok.encode(c)[0] for c in "abc"]
+    forced = tok.encode("xyz")
+    params = SamplingParams(temperature=1.0)
+    close = CloseDraft(draft.args, model, prompt)
+    close.update(draft.parameters())
+    probs = _constrained_probs(model, params, letters)
+    p1 = probs(prompt)
+    exact = {
+        (a, c): p1[a] * probs(prompt + [a, *forced])[c]
+        for a in letters
+        for c in letters
+    }
+    outcomes = list(exact)
+    mx.random.seed(5)
+    counts = np.zeros(len(outcomes))
+    for _ in range(500):
+        responses = stream_generate(
+            model, close, tok, prompt, block_size=5, max_tokens=5, temperature=1.0,
+            logits_processors=[grammars.processor(spec)],
+        )  # fmt: skip
+        tokens = [t for r in responses for t in r.tokens]
+        assert tokens[1:4] == forced
+        counts[outcomes.index((tokens[0], tokens[4]))] += 1
+    stat, dof = chi2(counts, [exact[o] for o in outcomes])
+    assert stat < chi2_critical(dof), stat

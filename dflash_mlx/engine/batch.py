@@ -34,7 +34,7 @@ from .lockstep import Lockstep, shared_seed
 from .lookup import LookupIndex
 from .loop import Block
 from .policy import MAX_LOOKUP, FixedBlockSize
-from .processors import Processors
+from .processors import Processors, proposing
 from .sources import DRAFT, LOOKUP, NAMES, SPLICE, Plan
 from .step import accept, logprob_rows
 from .trace import StepTrace
@@ -181,6 +181,7 @@ class Batch:
                 if trace is not None:
                     trace.phase("draft", drafts, list(q_rows.values()))
             drafts, q_rows = self._splice(drafts, q_rows, copies, size)
+            drafts, q_rows = self._shape(members, drafts, q_rows)
         ids = self._lasts()[:, None]
         if drafts is not None:
             ids = mx.concatenate([ids, drafts.astype(ids.dtype)], axis=1)
@@ -255,6 +256,19 @@ class Batch:
                 tail = q[len(copy) :] if q is not None else mx.zeros((0, vocab))
                 q_rows[row] = mx.concatenate([one_hot(head, vocab), tail])
         return mx.stack(rows), q_rows
+
+    def _shape(self, members, drafts, q_rows):
+        """Each grammar's tokens in its row's drafts (step._shaped's, uncut)."""
+        shaped = [m for m in members if proposing(m.processors)]
+        if drafts is None or not shaped:
+            return drafts, q_rows
+        rows = drafts.tolist()  # a sync the grammar's mask makes anyway
+        for m in shaped:
+            q = q_rows.get(m.row)
+            rows[m.row], _, q = m.processors.shape(m.tokens, m.last, rows[m.row], q)
+            if q is not None:
+                q_rows[m.row] = q
+        return mx.array(rows, drafts.dtype), q_rows
 
     def _lasts(self) -> mx.array:
         lasts = [0] * len(self.members)  # free rows verify a dummy token, kept never

@@ -13,6 +13,8 @@ from collections.abc import Callable, Sequence
 
 import mlx.core as mx
 
+from .verify import one_hot
+
 LogitsProcessor = Callable[[mx.array, mx.array], mx.array]
 
 
@@ -38,6 +40,37 @@ class Processors:
                 "logits, as mlx-lm's make_logits_processors returns."
             )
         return cls(processors) if processors else None
+
+    @property
+    def proposes(self) -> bool:
+        """Whether a processor (a grammar) shapes the drafts (`propose`)."""
+        return any(hasattr(p, "propose") for p in self.processors)
+
+    def propose(
+        self, ids: Sequence[int], last: int, drafts: list[int]
+    ) -> tuple[list[int], list[bool]]:
+        """`drafts` as the processors that propose would have them, and for each one
+        they all allow whether one of them chose it (structured.GrammarProcessor)."""
+        chosen = [False] * len(drafts)
+        for processor in self.processors:
+            if hasattr(processor, "propose"):
+                drafts, mine = processor.propose(ids, last, drafts)
+                # as long as the shorter: past it, one of them forbids the draft
+                chosen = [a or b for a, b in zip(chosen, mine, strict=False)]
+        return drafts, chosen
+
+    def shape(
+        self, ids: Sequence[int], last: int, drafts: list[int], q: mx.array | None
+    ) -> tuple[list[int], list[bool], mx.array | None]:
+        """`propose`, and the drafts' q (None: deterministic drafts) one-hot where a
+        processor replaced a draft."""
+        after, chosen = self.propose(ids, last, drafts)
+        changed = [i for i in range(len(chosen)) if after[i] != drafts[i]]
+        if q is not None and changed:
+            at = mx.array(changed)
+            q = mx.array(q)  # a copy: the caller's q stays as it was
+            q[at] = one_hot(mx.array(after)[at], q.shape[-1])
+        return after, chosen, q
 
     def history(self, ids: Sequence[int], last: int | None = None) -> mx.array:
         """`ids` then `last` (the generation's tokens so far: they only grow) as an
@@ -67,6 +100,11 @@ class Processors:
                 row = processor(tokens, row)
             rows.append(row)
         return rows[0] if len(rows) == 1 else mx.concatenate(rows, axis=0)
+
+
+def proposing(processors: Processors | None) -> bool:
+    """Whether `processors` shape the drafts (a grammar among them)."""
+    return processors is not None and processors.proposes
 
 
 def _at(ids: Sequence[int], last: int | None, i: int) -> int:

@@ -13,6 +13,7 @@ import mlx.core as mx
 from ..models.draft_head import DraftHead
 from ..models.target import Target
 from ..sampling import SamplingParams, perturbed, token_logprobs
+from .processors import proposing
 from .sources import DRAFT, LOOKUP, SPLICE, Plan
 from .verify import (
     accept_greedy,
@@ -148,7 +149,7 @@ class Step:
 def _proposals(run, last: int, plan: Plan, copy: list[int], noise):
     """(drafts, their q or None) to verify after `last`, as `plan` says."""
     if plan.source == LOOKUP:
-        return mx.array(copy[: plan.copied]), None
+        return _shaped(run, last, mx.array(copy[: plan.copied]), None)
     if plan.size < 2 or run.head is None:
         return None, None
     block = mx.array([[last] + [run.mask_id] * (plan.size - 1)])
@@ -160,14 +161,33 @@ def _proposals(run, last: int, plan: Plan, copy: list[int], noise):
         drafts = mx.concatenate([head.astype(drafts.dtype), drafts[plan.copied :]])
         if q is not None:
             q = mx.concatenate([one_hot(head, q.shape[-1]), q[plan.copied :]])
-        return drafts, q
+        return _shaped(run, last, drafts, q)
     assert plan.source == DRAFT
+    kept = None
     if run.keep_drafts is not None and run.may_cut(plan.size):
         mx.eval(drafts, confidence, q)
         kept = run.keep_drafts(confidence.tolist())
-        drafts = drafts[:kept]
-        q = None if q is None else q[:kept]
-    return drafts, q
+    return _shaped(run, last, drafts, q, kept)
+
+
+def _shaped(run, last: int, drafts: mx.array, q, kept: int | None = None):
+    """The first `kept` drafts (all without), as a grammar shapes them where one runs
+    (processors.Processors.propose): its chosen tokens in place, q one-hot there, and
+    the drafts past `kept` it chose verified too. Deterministic drafts end before the
+    first it forbids; sampled ones do not, as a cut that read a drawn token would
+    skew the residual draw (each other choice reads only the tokens before it)."""
+    n = drafts.shape[0]
+    kept = n if kept is None else kept
+    if not proposing(run.processors) or n == 0:
+        return drafts[:kept], None if q is None else q[:kept]
+    before = cast(list[int], drafts.tolist())  # a sync the grammar's mask makes anyway
+    after, chosen, q = run.processors.shape(run.cache.tokens, last, before, q)
+    length = kept
+    while length < len(chosen) and chosen[length]:
+        length += 1
+    if q is None:
+        length = min(length, len(chosen))
+    return mx.array(after[:length], drafts.dtype), None if q is None else q[:length]
 
 
 def logprob_rows(arrays, n: int) -> list[TokenLogprobs] | None:
