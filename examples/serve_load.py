@@ -296,6 +296,11 @@ def print_table(rows):
             f"{r['server']:12} {r['clients']:>3} {r['requests']:>4} {r['errors']:>3} "
             f"{r['requests_per_s']:>6.2f} {ttft} {per_client:>12} "
             f"{r['aggregate_tps']:>11.1f}"
+            + (
+                f"  dashboard events {r['dashboard_events']}"
+                if "dashboard_events" in r
+                else ""
+            )
         )
 
 
@@ -322,9 +327,10 @@ def main():
             for n in counts:
                 watcher = Dashboard(url) if args.ui_open else None
                 records, wall = run_clients(url, model, prompts, n, args.max_tokens)
+                rows.append(summarize(kind, n, records, wall))
                 if watcher is not None:
                     watcher.close()
-                rows.append(summarize(kind, n, records, wall))
+                    rows[-1]["dashboard_events"] = watcher.events  # it was live
                 everything += [{**r, "server": kind, "clients": n} for r in records]
                 for r in records:
                     texts.setdefault(kind, {}).setdefault(r["prompt"], set()).add(
