@@ -43,6 +43,7 @@ def launch(
     from dflash_mlx.serve.launch import launch as run_launch
 
     from . import errors, ui
+    from .serve import served_name
 
     err = ui.console(stderr=True)
     with errors.usage(err):
@@ -58,6 +59,15 @@ def launch(
     def started(server):
         how = "reusing" if server.process is None else "started"
         ui.info(err, f"{how} the server at {server.url} for {agent.title}")
+        serving = server.health.get("model")
+        if server.process is None and model and serving != served_name(model):
+            ui.warning(
+                err,
+                f"the server at {server.url} serves '{serving}', not "
+                f"'{served_name(model)}' (--model): {agent.title} talks to "
+                f"'{serving}'. Stop that server, or give another --port to start "
+                "one for your model.",
+            )
 
     with errors.runtime(err):
         code = run_launch(

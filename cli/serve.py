@@ -207,7 +207,7 @@ def serve(
             model, draft, no_draft, draft_bits, out, group
         )
         config = ServeConfig(
-            model_id=model_name or _served_name(model_ref),
+            model_id=model_name or served_name(model_ref),
             draft_id=draft_ref,
             aliases=(model_ref,),
             strict_model_name=strict_model_name,
@@ -334,7 +334,7 @@ def _url(host: str, port: int) -> str:
     return f"http://{f'[{shown}]' if ':' in shown else shown}:{port}/v1"
 
 
-def _served_name(model_ref: str) -> str:
+def served_name(model_ref: str) -> str:
     """A short model id: the folder or file name, or the Hub repo id as it is."""
     from pathlib import Path
 

@@ -126,6 +126,13 @@ def test_codex_reuses_a_running_server_and_leaves_it_running(long_pair, tmp_path
         assert 'model_providers.dflash-mlx.wire_api="responses"' in overrides
         assert record["env"]["DFLASH_MLX_API_KEY"] == "local"
         assert health(url) is not None  # not ours to stop
+        assert "warning" not in done.stderr
+        # asked for another model than the one served: said, and the client still runs
+        other = launch(env, "codex", "--port", port, "--model", "org/other-model")
+        assert other.returncode == 0, other.stderr
+        said = " ".join(other.stderr.split())
+        assert "serves 'tiny', not 'org/other-model'" in said, other.stderr
+        assert "another --port" in said
     finally:
         server.terminate()
         server.wait(30)
