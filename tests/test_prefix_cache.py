@@ -12,8 +12,9 @@ from dflash_mlx import load, load_draft, stream_generate
 from dflash_mlx.engine.loop import as_target
 from dflash_mlx.engine.prefill import prefill
 from dflash_mlx.generate import make_prompt_cache
-from dflash_mlx.models.prefix import PrefixStore, take_snapshot
+from dflash_mlx.models.prefix import PrefixStore
 from dflash_mlx.models.prefix_disk import DiskSpill, FolderBusy, fingerprint
+from dflash_mlx.models.snapshots import WINDOW_CUT, take_snapshot
 from dflash_mlx.serve.engine import LADDER_STEP, snapshot_points
 
 N = 12
@@ -77,6 +78,30 @@ def test_a_follow_up_turn_reuses_its_history_and_gives_the_cold_tokens(
     assert reused == len(turn1) + len(answer) - 1  # all the caches held
     cold = _generate(target, draft, tok, turn2, make_prompt_cache(target, draft))
     assert tokens == cold
+
+
+def test_the_same_prompt_again_is_served_all_but_its_last_token(pairs):
+    """A retry: the drafter's window (a snapshot, taken at the answer's end) is cut
+    back to the prompt's last token but one; the target's history is cut there; the
+    tokens are the first run's. A prompt that shares less than that snapshot's end
+    by more than WINDOW_CUT is served from no window cut that far."""
+    windowed = {"layer_types": ("sliding_attention",) * 2, "sliding_window": 4}
+    target, draft, tok = pairs("qwen3", **windowed)
+    store = _store(target, draft)
+    assert store.cut_back and not store.cut_anywhere
+    ids = tok.encode("hello world, this is a test")
+    first, reused = _served(store, target, draft, tok, ids)
+    assert reused == 0
+    cache, reused = store.restore(ids)
+    assert reused == len(ids) - 1
+    assert all(c.offset == len(ids) - 1 for c in cache.draft)  # cut back
+    again = _generate(target, draft, tok, ids, cache)
+    assert again == first
+    long = tok.encode("lorem ipsum dolor sit amet " * 40)
+    assert len(long) > WINDOW_CUT + 8
+    _served(store, target, draft, tok, long)
+    _, reused = store.restore(long[:8])
+    assert reused == 0  # its only snapshot is too far past
 
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])

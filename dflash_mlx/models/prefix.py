@@ -9,7 +9,10 @@ drafter's sliding window) are kept as snapshots of their state at chosen node en
 end of a prompt, the end of its system part, the end of a generation, and a bounded
 ladder of points inside long prompts (the caller takes them; see serve/engine.py). A
 request gets the longest prefix the tree can rebuild exactly: any matched length when
-every layer is a KV history, else the deepest matched node end with a snapshot.
+every layer is a KV history, else the deepest matched node end with a snapshot. A
+drafter's window can be cut back too (what it loses only thins its proposals): where
+windows are the only snapshots, a snapshot a little past the matched length serves it
+(the same prompt again: all but its last token).
 
 Least recently used leaves go first when the bytes pass the budget; a `spill`
 (prefix_disk.DiskSpill) gets them on the way out, and serves the prefixes RAM has lost.
@@ -22,12 +25,21 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.models.cache import ArraysCache, KVCache, QuantizedKVCache
+from mlx_lm.models.cache import KVCache
 
 from .cache import PromptCache
-
-KV, STATE = "kv", "state"
-HISTORIES = (KVCache, QuantizedKVCache)  # caches that can be cut at any position
+from .snapshots import (
+    KV,
+    STATE,
+    WINDOW,
+    WINDOW_CUT,
+    Snapshot,
+    layer_kinds,
+    layers,
+    restore_state,
+    snapshot_bytes,
+    take_snapshot,
+)
 
 
 def each(x, f):
@@ -38,62 +50,6 @@ def each(x, f):
 def nbytes(spans) -> int:
     flat = dict(tree_flatten([s for s in spans if s]))
     return sum(a.nbytes for a in flat.values() if isinstance(a, mx.array))
-
-
-@dataclass(frozen=True)
-class Arrays:
-    """A recurrent layer's state (an ArraysCache's arrays)."""
-
-    arrays: tuple
-
-
-@dataclass(frozen=True)
-class Window:
-    """A drafter window's kept keys and values, and the position after them."""
-
-    keys: mx.array | None
-    values: mx.array | None
-    offset: int
-
-
-Snapshot = list  # per layer: Arrays, Window, or None for KV layers
-
-
-def layers(cache: PromptCache) -> list:
-    """A PromptCache's layer caches: the target's, then the drafter's."""
-    return list(cache.target) + list(cache.draft or [])
-
-
-def layer_kinds(cache: PromptCache) -> list[str | None]:
-    """Per layer: KV (a history that can be cut anywhere), STATE (snapshots only) or
-    None (no cache)."""
-    kinds: list[str | None] = []
-    for c in layers(cache):
-        kinds.append(None if c is None else KV if type(c) in HISTORIES else STATE)
-    return kinds
-
-
-def take_snapshot(cache: PromptCache) -> Snapshot:
-    """The states of `cache`'s non-KV layers as they are now. Their arrays are never
-    written in place by their caches, so holding them is a copy."""
-    out: Snapshot = []
-    for c in layers(cache):
-        if c is None or type(c) in HISTORIES:
-            out.append(None)
-        elif isinstance(c, ArraysCache):
-            out.append(Arrays(tuple(c.cache)))
-        else:  # a drafter's window
-            keys, values = c.kept()
-            out.append(Window(keys, values, c.offset))
-    return out
-
-
-def snapshot_bytes(snapshot: Snapshot | None) -> int:
-    total = 0
-    for s in snapshot or []:
-        arrays = s.arrays if isinstance(s, Arrays) else (s.keys, s.values) if s else ()
-        total += sum(a.nbytes for a in arrays if a is not None)
-    return total
 
 
 @dataclass(eq=False)
@@ -144,7 +100,9 @@ class PrefixStore:
         self.root = Node()
         self.kinds = layer_kinds(make_cache())
         # every layer a KV history: a prefix of any length can be rebuilt
-        self.cut_anywhere = STATE not in self.kinds
+        self.cut_anywhere = STATE not in self.kinds and WINDOW not in self.kinds
+        # the snapshots are windows only: one a little past a length serves it
+        self.cut_back = not self.cut_anywhere and STATE not in self.kinds
         self.stats = Stats()
         self.nbytes = 0
 
@@ -184,6 +142,8 @@ class PrefixStore:
             length = min(matched, most)
             while node.parent is not None and node.end() - len(node.tokens) >= length:
                 node = node.parent
+        elif self.cut_back and (past := _snapshot_past(node, min(matched, most))):
+            return past, min(matched, most)
         else:  # the deepest node end, reached whole, with a snapshot
             if inner < len(node.tokens) and node.parent is not None:
                 node = node.parent
@@ -208,13 +168,17 @@ class PrefixStore:
         return node, matched, inner
 
     def _rebuild(self, cache: PromptCache, path: list[Node], length: int, room: int):
+        """`path`'s first `length` positions into `cache`; its last node's snapshot
+        for the other layers, a window cut back to `length`."""
         for i, (c, kind) in enumerate(zip(layers(cache), self.kinds, strict=True)):
             if kind == KV:
                 c.keys = _laid_out([n.spans[i][0] for n in path], length, room)
                 c.values = _laid_out([n.spans[i][1] for n in path], length, room)
                 c.offset = length
-            elif kind == STATE:
+            elif kind in (STATE, WINDOW):
                 restore_state(c, (path[-1].snapshot or [])[i])
+                if kind == WINDOW and c.offset > length:
+                    c.trim(c.offset - length)
 
     def _count(self, length: int):
         self.stats.hits += 1
@@ -342,6 +306,17 @@ class PrefixStore:
                 self._drop(node)
 
 
+def _snapshot_past(node: Node, length: int) -> Node | None:
+    """The node nearest past `length` on `node`'s path (itself or above) whose
+    snapshot, cut back by at most WINDOW_CUT positions, holds `length`."""
+    best = None
+    while length > 0 and node.parent is not None and node.end() >= length:
+        if node.snapshot is not None and node.end() - length <= WINDOW_CUT:
+            best = node
+        node = node.parent
+    return best
+
+
 def _laid_out(spans: list, length: int, room: int) -> mx.array | tuple:
     """A KV layer's first `length` positions from its spans, in one buffer with space
     for `room` more and at least a KVCache step beyond (rounded up to the step): the
@@ -362,14 +337,6 @@ def _laid_out(spans: list, length: int, room: int) -> mx.array | tuple:
         b, h, _, d = parts[0].shape
         parts.append(mx.zeros((b, h, free, d), parts[0].dtype))
     return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=2)
-
-
-def restore_state(cache, state) -> None:
-    """Give a fresh non-KV layer cache a snapshot's state."""
-    if isinstance(state, Arrays):
-        cache.cache = list(state.arrays)
-    elif isinstance(state, Window):
-        cache.restore(state.keys, state.values, state.offset)
 
 
 def _common(a: Sequence[int], b: Sequence[int]) -> int:

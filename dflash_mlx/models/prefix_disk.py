@@ -23,7 +23,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from .prefix import KV, STATE, Arrays, Window, layers, restore_state
+from .snapshots import KV, STATE, WINDOW, Arrays, Window, layers, restore_state
 
 log = logging.getLogger("dflash_mlx.prefix")
 
@@ -227,7 +227,7 @@ def _arrays(path, kinds) -> tuple[dict, dict]:
             for j, a in enumerate(snapshot[i].arrays):
                 if a is not None:
                     arrays[f"{i}.a{j}"] = a
-        elif kind == STATE and isinstance(snapshot[i], Window):
+        elif kind in (STATE, WINDOW) and isinstance(snapshot[i], Window):
             state = snapshot[i]
             if state.keys is not None:
                 arrays[f"{i}.wk"], arrays[f"{i}.wv"] = state.keys, state.values

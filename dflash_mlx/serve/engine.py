@@ -24,8 +24,9 @@ from ..engine.prefill import first_token, prefill
 from ..engine.processors import Processors
 from ..engine.trace import StepTrace
 from ..models.cache import PromptCache
-from ..models.prefix import PrefixStore, take_snapshot
+from ..models.prefix import PrefixStore
 from ..models.ragged import BatchCaches
+from ..models.snapshots import take_snapshot
 from ..sampling import SamplingParams, SeededNoise
 
 if TYPE_CHECKING:
