@@ -59,12 +59,12 @@ def launch(
     def started(server):
         how = "reusing" if server.process is None else "started"
         ui.info(err, f"{how} the server at {server.url} for {agent.title}")
-        serving = server.health.get("model")
-        if server.process is None and model and serving != served_name(model):
+        serving, wanted = server.health.get("model"), model and served_name(model)
+        if server.process is None and wanted and serving != wanted:
             ui.warning(
                 err,
                 f"the server at {server.url} serves '{serving}', not "
-                f"'{served_name(model)}' (--model): {agent.title} talks to "
+                f"'{wanted}' (--model): {agent.title} talks to "
                 f"'{serving}'. Stop that server, or give another --port to start "
                 "one for your model.",
             )

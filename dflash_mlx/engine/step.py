@@ -179,7 +179,9 @@ def _shaped(run, last: int, drafts: mx.array, q, kept: int | None = None):
     n = drafts.shape[0]
     kept = n if kept is None else kept
     if not proposing(run.processors) or n == 0:
-        return drafts[:kept], None if q is None else q[:kept]
+        if kept < n:  # the policy's cut
+            drafts, q = drafts[:kept], None if q is None else q[:kept]
+        return drafts, q
     before = cast(list[int], drafts.tolist())  # a sync the grammar's mask makes anyway
     after, chosen, q = run.processors.shape(run.cache.tokens, last, before, q)
     length = kept

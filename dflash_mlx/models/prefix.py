@@ -309,11 +309,11 @@ class PrefixStore:
 def _snapshot_past(node: Node, length: int) -> Node | None:
     """The node nearest past `length` on `node`'s path (itself or above) whose
     snapshot, cut back by at most WINDOW_CUT positions, holds `length`."""
-    best = None
-    while length > 0 and node.parent is not None and node.end() >= length:
-        if node.snapshot is not None and node.end() - length <= WINDOW_CUT:
+    best, end = None, node.end()
+    while length > 0 and node.parent is not None and end >= length:
+        if node.snapshot is not None and end - length <= WINDOW_CUT:
             best = node
-        node = node.parent
+        end, node = end - len(node.tokens), node.parent
     return best
 
 
