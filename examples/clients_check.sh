@@ -86,10 +86,10 @@ venv() {  # name, requirement: a virtual environment of its own (no resolver fig
 }
 
 start_server() {  # client, the tool call its model makes: name, JSON arguments
-    local models=$WORK/models/$1
+    local models=$WORK/models/$1  # THEN_CALL: the same tool's arguments once a result is back
     SERVER_LOG=$WORK/server-$1.log
-    "$PY" "$ROOT/examples/clients_target.py" "$models" --call "$2" "$3" >/dev/null ||
-        return 1
+    "$PY" "$ROOT/examples/clients_target.py" "$models" --call "$2" "$3" \
+        ${THEN_CALL:+--then "$2" "$THEN_CALL"} >/dev/null || return 1
     "$DFLASH" serve --model "$models/target" --draft "$models/draft" --port 0 \
         --log-level info >"$SERVER_LOG" 2>&1 &
     SERVER_PID=$!
@@ -191,7 +191,7 @@ run_qwen() { launch qwen -p "What does hello.txt say?"; }
 
 run_continue() { launch continue -p "What does hello.txt say?"; }
 
-run_mini() {  # its tool call submits the task: no second request by design
+run_mini() {  # it reads the file, then its second call submits the task
     launch mini -t "What does hello.txt say?" -y --exit-immediately
 }
 
@@ -243,9 +243,8 @@ for client in $CLIENTS; do
     qwen) check qwen read_file "{\"file_path\": \"$PROJECT/hello.txt\"}" ;;
     continue) check continue Read "{\"filepath\": \"$PROJECT/hello.txt\"}" ;;
     cline) check cline read_files "{\"files\": [{\"path\": \"$PROJECT/hello.txt\"}]}" ;;
-    mini) check mini bash \
-        '{"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat hello.txt"}' \
-        "hello from a file" 1 ;;
+    mini) THEN_CALL='{"command": "echo COMPLETE_TASK_AND_SUBMIT_FINAL_OUTPUT && cat hello.txt"}' \
+        check mini bash '{"command": "cat hello.txt"}' "hello from a file" ;;
     interpreter) check interpreter execute \
         '{"language": "shell", "code": "cat hello.txt"}' ;;
     esac

@@ -16,7 +16,9 @@ on a Qwen model, with the script's phrases added as whole tokens. Two chat templ
 
 The script: thinking on, `<think>` THINK `</think>`; then a tool call if the prompt
 declares tools and holds no tool result yet, else ANSWER; then end of turn. So an
-agent that runs the call and sends its result back gets ANSWER.
+agent that runs the call and sends its result back gets ANSWER. With `then`, a second
+call, the model makes that call instead of answering once a result is back (for agents
+that end a task with a tool call, such as mini-swe-agent's submit command).
 
 How the weights do it. Hidden size 32: every scripted token has its own dimension (any
 other token shares dimension 0) and two dimensions are flags. Embeddings are one-hot.
@@ -28,7 +30,9 @@ do not matter. Everything else adds nothing, so the final hidden state is the cu
 token's one-hot plus the flags; the head maps each scripted token to its successor
 (weight 20), while the two decision points (the end of the thinking block or of a
 thinking-off prompt) weigh ANSWER at 10, which the flags turn into a call
-(+15 for `<tool_call>`) unless a result is there (-15).
+(+15 for `<tool_call>`) unless a result is there (-15). The second call's token weighs
+16 after `<tool_call>` and 8 more with a result, so it beats the first call (20) only
+there; with `then` a result no longer takes the call back.
 """
 
 import gzip
@@ -48,6 +52,7 @@ VOCAB = 151936  # Qwen3's embedding rows
 HIDDEN, HEAD_DIM = 32, 8
 FLAG_CALLS, FLAG_RESULTS = HIDDEN - 2, HIDDEN - 1
 SURE, DECIDE, TOOLS_BONUS = 20.0, 10.0, 15.0
+THEN_AFTER_CALL, THEN_RESULT = 16.0, 8.0  # the second call: after `<tool_call>`; result
 
 QWEN35_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\n# Tools\n\nYou have access to the following "
@@ -92,7 +97,7 @@ def call_text(style: str, name: str, arguments: dict) -> str:
     return f"\n<function={name}>\n{params}</function>\n"
 
 
-def _tokenizer(path: Path, style: str, call: str):
+def _tokenizer(path: Path, style: str, calls: list[str]):
     from transformers import AutoTokenizer
 
     base = path / "qwen3-base"
@@ -102,14 +107,14 @@ def _tokenizer(path: Path, style: str, call: str):
     shutil.copy(ASSETS / "qwen3" / "tokenizer_config.json", base)
     tok = AutoTokenizer.from_pretrained(str(base))
     shutil.rmtree(base)
-    tok.add_tokens([THINK, ANSWER, call])
+    tok.add_tokens([THINK, ANSWER, *calls])
     if style == "qwen3_5":
         tok.chat_template = QWEN35_TEMPLATE
     tok.save_pretrained(str(path))
     return tok
 
 
-def _script(tok, style: str, call: str) -> tuple[dict, dict]:
+def _script(tok, style: str, call: str, then: str | None) -> tuple[dict, dict]:
     """(token -> (successor, weight), token ids by name)."""
     ids = {
         name: tok.convert_tokens_to_ids(name)
@@ -138,6 +143,9 @@ def _script(tok, style: str, call: str) -> tuple[dict, dict]:
         ids["</tool_call>"]: (ids["eos"], SURE),
         ids["answer"]: (ids["eos"], SURE),
     }
+    if then is not None:
+        ids["then"] = tok.convert_tokens_to_ids(then)
+        script[ids["then"]] = (ids["</tool_call>"], SURE)
     return script, ids
 
 
@@ -161,18 +169,20 @@ def _attention(roles: dict, ids: dict) -> dict:
 
 
 def make_scripted_target(
-    path: Path, style: str = "qwen3", call=CALL, context: int = 65536
+    path: Path, style: str = "qwen3", call=CALL, context: int = 65536, then=None
 ) -> Path:
     """Write the scripted target (config, weights, tokenizer) to `path`; `call` is the
-    tool call it makes, as (name, arguments)."""
+    tool call it makes, as (name, arguments), and `then` the one it makes once a
+    result is back (None: it answers ANSWER)."""
     from mlx_lm.utils import _get_classes
 
     if style not in ("qwen3", "qwen3_5"):
         raise ValueError(f"style must be 'qwen3' or 'qwen3_5', got {style!r}.")
     path.mkdir(parents=True, exist_ok=True)
     text = call_text(style, *call)
-    tok = _tokenizer(path, style, text)
-    script, ids = _script(tok, style, text)
+    then_text = None if then is None else call_text(style, *then)
+    tok = _tokenizer(path, style, [text] + ([then_text] if then_text else []))
+    script, ids = _script(tok, style, text, then_text)
     roles = {t: i + 1 for i, t in enumerate(sorted({*script, ids["result"]}))}
     assert len(roles) < FLAG_CALLS and len(tok) <= VOCAB
     config = dict(
@@ -199,7 +209,11 @@ def make_scripted_target(
     for src, (dst, weight) in script.items():
         head[dst, roles[src]] = weight
     head[ids["<tool_call>"], FLAG_CALLS] = TOOLS_BONUS
-    head[ids["<tool_call>"], FLAG_RESULTS] = -TOOLS_BONUS
+    if then is None:
+        head[ids["<tool_call>"], FLAG_RESULTS] = -TOOLS_BONUS
+    else:
+        head[ids["then"], roles[ids["<tool_call>"]]] = THEN_AFTER_CALL
+        head[ids["then"], FLAG_RESULTS] = THEN_RESULT
     model_class, args_class = _get_classes(config)
     model = model_class(args_class.from_dict(config))
     weights = {k: mx.zeros_like(v) for k, v in tree_flatten(model.parameters())}

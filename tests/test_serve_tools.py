@@ -177,3 +177,34 @@ def test_responses_function_calls_reasoning_and_the_result(client):
         reasoning={"effort": "none"},
     )
     assert r.output_text == ANSWER and r.status == "completed"
+
+
+@pytest.mark.parametrize("style", ["qwen3", "qwen3_5"])
+def test_a_second_call_once_the_result_is_back(tmp_path, style):
+    """The clients check's target for agents that end a task with a tool call
+    (mini-swe-agent's submit command): the first call, its result, then the second
+    call, where the one-call target answers."""
+    from mlx_lm.tool_parsers import json_tools, qwen3_coder
+
+    from dflash_mlx import generate
+
+    then = ("get_weather", {"city": "Rome"})
+    path = scripted_agent.make_scripted_target(tmp_path / "t", style, then=then)
+    model, tok = load(str(path))
+    parse = (json_tools if style == "qwen3" else qwen3_coder).parse_tool_call
+
+    def reply(messages):
+        ids = tok.apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True)
+        text = generate(model, None, tok, ids, max_tokens=40)
+        assert text.count("<tool_call>") == 1, text
+        return text.split("<tool_call>")[1].split("</tool_call>")[0]
+
+    first = parse(reply(ASK), TOOLS)
+    assert (first["name"], first["arguments"]) == (NAME, CALL)
+    call = {"type": "function", "function": {"name": NAME, "arguments": CALL}}
+    done = ASK + [
+        {"role": "assistant", "content": "", "tool_calls": [call]},
+        {"role": "tool", "content": "sunny"},
+    ]
+    second = parse(reply(done), TOOLS)
+    assert (second["name"], second["arguments"]) == then
