@@ -45,12 +45,16 @@ def test_the_same_attention_as_a_whole_history_through_forwards_and_rollbacks(se
 
 def test_a_trim_past_the_window_is_refused_and_reported():
     cache = SlidingKVCache(WINDOW, slack=2)
-    for _ in range(4):
-        cache.update_and_fetch(mx.zeros((1, 1, 10, 4)), mx.zeros((1, 1, 10, 4)))
-    assert cache.size() == WINDOW - 1 + 2 + 10
-    assert cache.trimmable_by(12) and not cache.trimmable_by(13)
+    forward = lambda n: cache.update_and_fetch(*(mx.zeros((1, 1, n, 4)),) * 2)  # noqa: E731
+    for _ in range(4):  # chunks longer than the slack bring their own
+        forward(10)
+    assert cache.size() == WINDOW - 1 + 10
+    assert cache.trimmable_by(10) and not cache.trimmable_by(11)
+    forward(1)  # a step keeps the slack from the chunk before it
+    assert cache.size() == WINDOW - 1 + 2
+    assert cache.trimmable_by(2) and not cache.trimmable_by(3)
     with pytest.raises(ValueError, match="8-token window"):
-        cache.trim(13)
+        cache.trim(3)
 
 
 @pytest.fixture(scope="module")

@@ -54,19 +54,30 @@ def prefill(
     return logits
 
 
-# A quantized KV cache's attention (mlx-lm's quantized_scaled_dot_product_attention)
-# materializes a chunk's scores against the whole context, on a Mac as here: chunks
-# shrink as the context grows so that these stay near this size.
-SCORES_BYTES = 1 << 28
+# Where a chunk's attention materializes its scores against the whole context, chunks
+# shrink as the context grows so that these stay near this size: at 32K tokens a
+# 2048-token chunk's scores are 2048 x 32K x 4 bytes a head, gigabytes on any model.
+SCORES_BYTES = 1 << 27
 MIN_CHUNK = 128
 
 
 def chunk_size(target: Target, cache: PromptCache, step: int, context: int) -> int:
     """Prompt tokens for the next forward at `context` cached positions."""
-    if cache.kv_bits is None:
+    if not materializes_scores(target, cache):
         return step
     per_query = 4 * target.query_heads * (context + step)
     return max(min(step, MIN_CHUNK), min(step, SCORES_BYTES // per_query))
+
+
+def materializes_scores(target: Target, cache: PromptCache) -> bool:
+    """Whether a prefill chunk's attention writes out its chunk x context scores:
+    mlx-lm's quantized attention does on every device (two quantized matmuls), and
+    MLX's fused attention does on the CPU backend (its fallback), where the CPU's
+    native blocks (cpu/blocks.py) tile it instead. On a Mac's GPU a float cache's
+    prefill runs MLX's fused kernel and keeps the chunk asked for."""
+    if cache.kv_bits is not None:
+        return True
+    return not target.cpu_blocks and mx.default_device() == mx.cpu
 
 
 def _absorb(draft, cache, features: mx.array, unread: int):

@@ -1,10 +1,13 @@
 """The KV cache of a target's sliding-window attention layer, bounded and rollback-able.
 
 mlx-lm gives such a layer a `RotatingKVCache`, which overwrites its oldest keys in place
-and so cannot take back a rejected block. This cache keeps the last `window - 1 + slack`
-positions before each forward plus that forward's own keys: a verify block can always be
-trimmed (the keys it appended sit at the end), and up to `slack` older positions more.
-Its attention reads a bounded number of keys at any context length.
+and so cannot take back a rejected block. This cache keeps the last `window - 1`
+positions before each forward, and as many older ones as bring what it holds after the
+forward to `window - 1 + slack`, plus that forward's own keys: a verify block can always
+be trimmed (the keys it appended sit at the end), and so can `slack` positions. A long
+prefill chunk (more than `slack` tokens) brings its own slack, so the layer then holds
+what mlx-lm's `RotatingKVCache` holds. Its attention reads a bounded number of keys at
+any context length.
 """
 
 import mlx.core as mx
@@ -21,12 +24,13 @@ class SlidingKVCache:
         self.offset = 0  # absolute position of the next key
         self._size = 0  # positions held, the latest ones
 
-    def _held(self) -> int:
-        """Positions the next forward reads besides its own (the rest are evicted)."""
-        return min(self._size, self.window - 1 + self.slack)
+    def _held(self, new: int) -> int:
+        """Positions a forward of `new` tokens reads besides its own (the rest are
+        evicted)."""
+        return min(self._size, self.window - 1 + max(self.slack - new, 0))
 
     def update_and_fetch(self, keys, values):
-        held = self._held()
+        held = self._held(keys.shape[2])
         if self.keys is None:
             self.keys, self.values = keys, values
         else:
@@ -45,7 +49,7 @@ class SlidingKVCache:
         """Query i (position offset + i) reads the keys of positions within the window
         before it, counted over the held keys and the N new ones."""
         window = window_size or self.window
-        held = self._held()
+        held = self._held(N)
         if N == 1 and held < window:
             return None
         q = mx.arange(held, held + N)[:, None]
