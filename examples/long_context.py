@@ -55,15 +55,16 @@ def _load(args):
     return model, tok, draft
 
 
-def lookup(model, tok):
+def lookup(model, tok, kv_bits=None, kv_group_size=64):
     """Prompt lookup without a drafter: copies where the text repeats, else plain."""
     from dflash_mlx.bench.engines import block_info
     from dflash_mlx.generate import stream_generate
 
     def run(ids, max_tokens, block_size):
         for r in stream_generate(
-            model, None, tok, ids, max_tokens=max_tokens, lookup=True
-        ):
+            model, None, tok, ids, max_tokens=max_tokens, lookup=True,
+            kv_bits=kv_bits, kv_group_size=kv_group_size,
+        ):  # fmt: skip
             yield r.tokens, r.accepted, block_info(r)
 
     return run
@@ -191,6 +192,11 @@ def main():
         help="the drafter's context: auto (the default bound), none (all), or tokens",
     )
     p.add_argument(
+        "--kv-bits", type=int, choices=[4, 8], default=None,
+        help="quantize the target's KV cache (every engine, from the first token)",
+    )  # fmt: skip
+    p.add_argument("--kv-group-size", type=int, default=64)
+    p.add_argument(
         "--kernels", choices=["device", "mlx"], default="device",
         help="mlx: MLX's generic kernels, the ones a Mac's GPU runs",
     )  # fmt: skip
@@ -208,15 +214,19 @@ def main():
     lengths = [n for n in lengths if n + args.max_tokens <= context]
     from mlx_lm.sample_utils import make_sampler
 
+    kv = dict(kv_bits=args.kv_bits, kv_group_size=args.kv_group_size)
     every = {
-        "mlx-lm": mlx_lm_engine(model, tok, make_sampler(0.0)),
-        "plain": plain_engine(model, tok),
-        "dflash": dflash_engine(model, draft, tok) if draft else lookup(model, tok),
+        "mlx-lm": mlx_lm_engine(model, tok, make_sampler(0.0), **kv),
+        "plain": plain_engine(model, tok, **kv),
+        "dflash": dflash_engine(model, draft, tok, **kv)
+        if draft
+        else lookup(model, tok, **kv),
     }
     engines = {k: every[k] for k in args.engines.split(",")}
     env = environment(model, draft)
     print(f"CPU {env['cpu']} ({env['cpu_vectors']}), {env['device']}, BLAS "
-          f"{env['blas']}; context {context}; lengths {lengths}")  # fmt: skip
+          f"{env['blas']}; context {context}; lengths {lengths}; "
+          f"kv_bits {args.kv_bits}")  # fmt: skip
     warm = chat_ids(tok, [{"role": "user", "content": "Say hello."}], False)
     for engine in engines.values():
         for _ in engine(warm, 16, "auto"):
