@@ -38,6 +38,7 @@ declare -A RESULT
 
 cleanup() {
     [ -n "$SERVER_PID" ] && kill "$SERVER_PID" 2>/dev/null
+    pkill -f "$WORK/" 2>/dev/null  # what a client left running (Cline's hub daemon)
     if [ -n "${KEEP:-}" ]; then echo "kept $WORK"; else rm -rf "$WORK"; fi
 }
 trap cleanup EXIT
